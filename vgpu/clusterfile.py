@@ -1,0 +1,227 @@
+"""The cluster file: nodes, GPUs and existing allocations as YAML/JSON, for demos, tests and benchmarks.
+
+Parsing takes the already-loaded document (a mapping), so the core stays free of file I/O. Format
+(docs/cluster-file.md):
+
+    version: v1
+    nodes:
+      - name: gpu-a
+        cpuMilli: 64000            # optional host capacity, 0 = not tracked
+        memoryMiB: 524288
+        labels: {topology.kubernetes.io/zone: z1}
+        gpus:                      # explicit GPUs ...
+          - {uuid: GPU-a-0, index: 0, model: H100-80GB, memoryMiB: 81920, numa: 0, nvlink: [GPU-a-1]}
+        gpuTemplate:               # ... or N identical GPUs (uuids GPU-<node>-<i>)
+          {count: 8, model: H100-80GB, memoryMiB: 81920, split: 10, nvlink: all}
+    allocations:
+      - pod: default/llama-decode-0
+        assignment: {node: gpu-a, role: decode, model: default/llama, containers: [...]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.devices import DEFAULT_SPLIT_COUNT, GpuDevice, NodeInventory
+from vgpu.errors import VgpuError
+from vgpu.roles import Role
+
+
+class ClusterFileError(VgpuError):
+    """The cluster file is malformed; the message names the path of the bad field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class GpuSpec(_Model):
+    uuid: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    model: str
+    memory_mib: int = Field(alias="memoryMiB", gt=0)
+    cores: int = Field(default=100, ge=1, le=100)
+    split: int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
+    numa: int | None = None
+    healthy: bool = True
+    nvlink: list[str] = Field(default_factory=list)
+
+
+class GpuTemplate(_Model):
+    count: int = Field(ge=1, le=64)
+    model: str
+    memory_mib: int = Field(alias="memoryMiB", gt=0)
+    cores: int = Field(default=100, ge=1, le=100)
+    split: int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
+    numa_nodes: int = Field(default=1, alias="numaNodes", ge=1)
+    nvlink: Literal["all", "none"] = "none"
+
+
+class NodeSpec(_Model):
+    name: str = Field(min_length=1)
+    cpu_milli: int = Field(default=0, alias="cpuMilli", ge=0)
+    memory_mib: int = Field(default=0, alias="memoryMiB", ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuSpec] = Field(default_factory=list)
+    gpu_template: GpuTemplate | None = Field(default=None, alias="gpuTemplate")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> NodeSpec:
+        if self.gpus and self.gpu_template is not None:
+            raise ValueError("give either 'gpus' or 'gpuTemplate', not both")
+        return self
+
+
+class SliceSpec(_Model):
+    uuid: str
+    index: int = Field(ge=0)
+    memory_mib: int = Field(alias="memoryMiB", ge=0)
+    cores: int = Field(ge=0, le=100)
+
+
+class ContainerSpec(_Model):
+    name: str
+    devices: list[SliceSpec]
+
+
+class AssignmentSpec(_Model):
+    node: str = Field(min_length=1)
+    role: Role = Role.PREFILL_DECODE
+    model: str | None = None
+    containers: list[ContainerSpec]
+
+
+class AllocationSpec(_Model):
+    pod: str = Field(pattern=r"^[^/\s]+/[^/\s]+$")
+    assignment: AssignmentSpec
+
+
+class ClusterFile(_Model):
+    version: Literal["v1"] = "v1"
+    nodes: list[NodeSpec]
+    allocations: list[AllocationSpec] = Field(default_factory=list)
+
+
+def _inventory(spec: NodeSpec) -> NodeInventory:
+    if spec.gpu_template is not None:
+        t = spec.gpu_template
+        uuids = [f"GPU-{spec.name}-{i}" for i in range(t.count)]
+        gpus = tuple(
+            GpuDevice(
+                uuid=uuids[i],
+                index=i,
+                model=t.model,
+                memory_mib=t.memory_mib,
+                cores=t.cores,
+                split_count=t.split,
+                numa=i * t.numa_nodes // t.count,
+                nvlink_peers=tuple(u for u in uuids if u != uuids[i]) if t.nvlink == "all" else (),
+            )
+            for i in range(t.count)
+        )
+    else:
+        gpus = tuple(
+            GpuDevice(
+                uuid=g.uuid,
+                index=g.index,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                cores=g.cores,
+                split_count=g.split,
+                numa=g.numa,
+                healthy=g.healthy,
+                nvlink_peers=tuple(g.nvlink),
+            )
+            for g in spec.gpus
+        )
+    return NodeInventory(
+        name=spec.name, gpus=gpus, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib, labels=dict(spec.labels)
+    )
+
+
+def _assignment(spec: AssignmentSpec) -> Assignment:
+    return Assignment(
+        node=spec.node,
+        role=spec.role,
+        model=spec.model,
+        containers=tuple(
+            ContainerAssignment(
+                name=c.name,
+                devices=tuple(DeviceSlice(d.uuid, d.index, d.memory_mib, d.cores) for d in c.devices),
+            )
+            for c in spec.containers
+        ),
+    )
+
+
+def parse_cluster(doc: Mapping[str, Any]) -> tuple[list[NodeInventory], list[tuple[str, Assignment]]]:
+    """Inventories and (pod key, assignment) pairs; ClusterFileError on any malformed field."""
+    try:
+        parsed = ClusterFile.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10])
+        raise ClusterFileError(f"invalid cluster file: {problems}") from None
+    names = [n.name for n in parsed.nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ClusterFileError(f"invalid cluster file: duplicate node names {dupes}")
+    try:
+        nodes = [_inventory(n) for n in parsed.nodes]
+    except ValueError as exc:
+        raise ClusterFileError(f"invalid cluster file: {exc}") from None
+    return nodes, [(a.pod, _assignment(a.assignment)) for a in parsed.allocations]
+
+
+def dump_cluster(nodes: list[NodeInventory], allocations: list[tuple[str, Assignment]]) -> dict[str, Any]:
+    """The inverse of parse_cluster (explicit GPU lists), for snapshots written by the CLI."""
+    return {
+        "version": "v1",
+        "nodes": [
+            {
+                "name": n.name,
+                "cpuMilli": n.cpu_milli,
+                "memoryMiB": n.memory_mib,
+                "labels": dict(n.labels),
+                "gpus": [
+                    {
+                        "uuid": g.uuid,
+                        "index": g.index,
+                        "model": g.model,
+                        "memoryMiB": g.memory_mib,
+                        "cores": g.cores,
+                        "split": g.split_count,
+                        "numa": g.numa,
+                        "healthy": g.healthy,
+                        "nvlink": list(g.nvlink_peers),
+                    }
+                    for g in n.gpus
+                ],
+            }
+            for n in nodes
+        ],
+        "allocations": [
+            {
+                "pod": key,
+                "assignment": {
+                    "node": a.node,
+                    "role": a.role.value,
+                    "model": a.model,
+                    "containers": [
+                        {
+                            "name": c.name,
+                            "devices": [
+                                {"uuid": d.uuid, "index": d.index, "memoryMiB": d.memory_mib, "cores": d.cores}
+                                for d in c.devices
+                            ],
+                        }
+                        for c in a.containers
+                    ],
+                },
+            }
+            for key, a in allocations
+        ],
+    }

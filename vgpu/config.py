@@ -1,0 +1,76 @@
+"""Domain-level settings shared by every service: resource names, request defaults, placement rules.
+
+Defaults are explicit and documented in docs/resources.md; services load these from flags, env and
+file (in that precedence) and pass them in — nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+CoresDefault = Literal["proportional"] | int
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNames:
+    """Extended-resource names a pod uses to ask for slices (HAMi-compatible by default)."""
+
+    count: str = "nvidia.com/gpu"
+    memory: str = "nvidia.com/gpumem"
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    cores: str = "nvidia.com/gpucores"
+    priority: str = "nvidia.com/priority"
+
+    def all(self) -> tuple[str, ...]:
+        return (self.count, self.memory, self.memory_percentage, self.cores, self.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDefaults:
+    """What an unspecified field means.
+
+    - count: a container that names only gpumem/gpucores gets this many vGPUs.
+    - memory_percentage: with neither gpumem nor gpumem-percentage, the slice takes this share of the
+      card's memory (100 = the whole card, as users of `nvidia.com/gpu: 1` expect).
+    - cores: with no gpucores, "proportional" reserves the same share of SMs as of memory (rounded
+      up), so `nvidia.com/gpu: 1` alone is an exclusive GPU; an int reserves that fixed percentage
+      (0 = best effort: no SM reservation and no SM limit).
+    - priority: 0 high (latency-critical), 1 low.
+    """
+
+    count: int = 1
+    memory_percentage: int = 100
+    cores: CoresDefault = "proportional"
+    priority: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRules:
+    """Hard role rules and the weights of the role-aware score (DESIGN §5)."""
+
+    # Hard: a GPU holding a prefill slice never has more than 100 % of SMs reserved, and every slice
+    # on it has a real SM reservation (a best-effort neighbour would steal a compute-bound prefill's SMs).
+    protect_prefill_sms: bool = True
+    # Hard: decode slices per GPU, a stand-in for the memory-bandwidth budget they share.
+    max_decode_per_gpu: int = 4
+    # Soft (score, each 0..1 before weighting).
+    complementarity_weight: float = 0.25
+    locality_weight: float = 0.15
+    prefill_pair_penalty: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Cluster-wide placement defaults; a pod may override policies by annotation."""
+
+    node_policy: str = "default"
+    # None: the node policy's own GPU order; "binpack" / "spread" force one (pods may override).
+    gpu_policy: str | None = None
+    # Oversubscription is off by default; >1.0 only where enforcement makes it real.
+    core_scaling: float = 1.0
+    memory_scaling: float = 1.0
+    narrow_filter: bool = False
+    roles: RoleRules = field(default_factory=RoleRules)
+    # Schedule onto GPUs whose node inventory reports them unhealthy: never by default.
+    allow_unhealthy: bool = False

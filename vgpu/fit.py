@@ -1,0 +1,131 @@
+"""Whether and how a pod fits on one node: the concrete GPUs for each container's slices."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.config import PlacementConfig
+from vgpu.pod import PodInfo
+from vgpu.roles import Role
+from vgpu.state import GpuUsage, NodeState, slice_blocker
+
+# Lower ranks first. Arguments: the GPU, the slice's memory and cores, the pod.
+GpuRank = Callable[[GpuUsage, int, int, PodInfo], float]
+
+_REASON_TEXT = {
+    "unhealthy": "unhealthy",
+    "model": "GPU model not allowed",
+    "too-small": "card too small",
+    "memory": "GPU memory full",
+    "cores": "SM quota full",
+    "split": "sharer limit reached",
+    "prefill-sm": "would oversubscribe SMs of a prefill GPU",
+    "decode-bandwidth": "decode bandwidth budget reached",
+    "same-container": "already holds this container's other vGPU",
+}
+
+
+_NONE = [0, 0, 0]
+
+
+@dataclass(frozen=True, slots=True)
+class FitFailure:
+    """Why a pod does not fit; `unresolvable` when freeing slices (preemption) could not help."""
+
+    reason: str
+    unresolvable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlacement:
+    node: str
+    containers: tuple[ContainerAssignment, ...]
+
+    def assignment(self, pod: PodInfo) -> Assignment:
+        return Assignment(node=self.node, containers=self.containers, role=pod.role, model=pod.model)
+
+
+def counterpart(role: Role) -> Role | None:
+    if role.does_prefill:
+        return Role.DECODE
+    if role.does_decode:
+        return Role.PREFILL
+    return None
+
+
+def role_rank(u: GpuUsage, pod: PodInfo) -> int:
+    """-1 on a GPU whose holders complement this pod (P/D of the same model), +1 next to another
+    prefill, 0 otherwise; used before the GPU policy's own order."""
+    if pod.role.does_prefill:
+        if u.prefill:
+            return 1
+        return -1 if any(h.role.does_decode and h.model == pod.model for h in u.holders) else 0
+    if pod.role.does_decode:
+        return -1 if any(h.role.does_prefill and h.model == pod.model for h in u.holders) else 0
+    return 0
+
+
+def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRank) -> NodePlacement | FitFailure:
+    """Place every GPU-asking container of the pod on this node, or say why not."""
+    inv = node.inventory
+    if inv.cpu_milli and node.cpu_used + pod.cpu_milli > inv.cpu_milli:
+        return FitFailure(f"insufficient cpu ({node.cpu_used}+{pod.cpu_milli} > {inv.cpu_milli} millicores)")
+    if inv.memory_mib and node.memory_used + pod.memory_mib > inv.memory_mib:
+        return FitFailure(f"insufficient memory ({node.memory_used}+{pod.memory_mib} > {inv.memory_mib} MiB)")
+    if not pod.request.containers:
+        return NodePlacement(node.name, ())
+    if not node.gpus:
+        return FitFailure("node has no GPUs", unresolvable=True)
+    usable: list[GpuUsage] = []
+    excluded: Counter[str] = Counter()
+    for u in node.gpus:
+        if not u.device.healthy and not config.allow_unhealthy:
+            excluded["unhealthy"] += 1
+        elif pod.gpu_models is not None and u.device.model not in pod.gpu_models:
+            excluded["model"] += 1
+        else:
+            usable.append(u)
+    extra: dict[str, list[int]] = {}
+    out: list[ContainerAssignment] = []
+    for req in pod.request.containers:
+        candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
+        blocked: Counter[str] = Counter(excluded)
+        for u in usable:
+            dev = u.device
+            mem = req.memory_on(dev.memory_mib)
+            cores = req.cores_on(dev.memory_mib)
+            if mem > int(dev.memory_mib * config.memory_scaling) or cores > int(dev.cores * config.core_scaling):
+                blocked["too-small"] += 1
+                continue
+            e = extra.get(dev.uuid, _NONE)
+            why = slice_blocker(
+                u, mem, cores, pod.role, config, extra_memory=e[0], extra_cores=e[1], extra_sharers=e[2]
+            )
+            if why is not None:
+                blocked[why] += 1
+                continue
+            candidates.append((role_rank(u, pod), rank(u, mem, cores, pod), dev.index, u, mem, cores))
+        if len(candidates) < req.count:
+            need = f"{req.memory_mib} MiB" if req.memory_mib is not None else f"{req.memory_percentage}% memory"
+            core_txt = "proportional cores" if req.cores is None else f"{req.cores}% cores"
+            detail = ", ".join(f"{_REASON_TEXT.get(k, k)} on {n}" for k, n in sorted(blocked.items()))
+            static = sum(n for k, n in blocked.items() if k in ("too-small", "model"))
+            return FitFailure(
+                f"container {req.container!r} needs {req.count} vGPU(s) of {need}/{core_txt}; "
+                f"{len(candidates)} of {len(node.gpus)} GPUs can host one" + (f" ({detail})" if detail else ""),
+                unresolvable=len(node.gpus) - static < req.count,
+            )
+        candidates.sort(key=lambda t: (t[0], t[1], t[2]))
+        chosen = candidates[: req.count]
+        devices: list[DeviceSlice] = []
+        for _, _, _, u, mem, cores in chosen:
+            devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))
+            e = extra.setdefault(u.device.uuid, [0, 0, 0])
+            e[0] += mem
+            e[1] += cores
+            e[2] += 1
+        out.append(ContainerAssignment(name=req.container, devices=tuple(devices)))
+    return NodePlacement(node.name, tuple(out))

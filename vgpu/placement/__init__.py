@@ -1,0 +1,1 @@
+"""Placement policies (one module each), their registry, and the role-aware score terms."""

@@ -1,0 +1,49 @@
+"""What a placement policy is: a node scorer plus a GPU order, looked up by name in the registry."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from vgpu.fit import NodePlacement
+from vgpu.pod import PodInfo
+from vgpu.state import GpuUsage, NodeState
+
+
+class NodePolicy(Protocol):
+    """Scores a feasible node for a pod; higher is better, in [0, 1].
+
+    `epoch` changes whenever the policy's own knowledge changes (e.g. a learned workload), so callers
+    may cache scores keyed by (node version, pod shape, epoch).
+    """
+
+    name: str
+
+    @property
+    def epoch(self) -> int: ...
+
+    def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float: ...
+
+    def gpu_rank(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+        """Order of GPUs inside a node (lower first); a policy may defer to the GPU policy."""
+        ...
+
+    def observe(self, pod: PodInfo) -> None:
+        """Learn from an arriving pod (its shape), before it is placed."""
+        ...
+
+
+def share_after(node: NodeState, placement: NodePlacement) -> float:
+    """Mean reserved share of the node's GPUs once the placement is applied."""
+    if not node.gpus:
+        return 0.0
+    added: dict[str, tuple[int, int]] = {}
+    for c in placement.containers:
+        for d in c.devices:
+            m, k = added.get(d.uuid, (0, 0))
+            added[d.uuid] = (m + d.memory_mib, k + d.cores)
+    total = 0.0
+    for u in node.gpus:
+        m, k = added.get(u.device.uuid, (0, 0))
+        dev = u.device
+        total += min(1.0, max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
+    return total / len(node.gpus)

@@ -1,0 +1,34 @@
+"""Every placement policy by name; the extender, the CLI and the benchmarks look policies up here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vgpu.errors import UnknownPolicyError
+from vgpu.placement import binpack, spread
+from vgpu.placement.base import NodePolicy
+
+_FACTORIES: dict[str, Callable[[], NodePolicy]] = {
+    "binpack": binpack.create,
+    "spread": spread.create,
+    # The extender's default until a fragmentation-aware policy measurably beats it (issue 6).
+    "default": binpack.create,
+}
+# GPU-level policies order GPUs inside the chosen node.
+GPU_POLICIES = ("binpack", "spread")
+
+
+def register(name: str, factory: Callable[[], NodePolicy]) -> None:
+    _FACTORIES[name] = factory
+
+
+def names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def create(name: str) -> NodePolicy:
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise UnknownPolicyError(f"unknown placement policy {name!r}; known: {', '.join(names())}") from None
+    return factory()

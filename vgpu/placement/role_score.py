@@ -1,0 +1,44 @@
+"""Role-aware score terms (DESIGN §5), added to every policy's node score."""
+
+from __future__ import annotations
+
+from vgpu.config import RoleRules
+from vgpu.fit import NodePlacement, counterpart
+from vgpu.pod import PodInfo
+from vgpu.roles import Role
+from vgpu.state import NodeState
+
+
+def _is(role: Role, kind: Role) -> bool:
+    """Whether `role` does the work of `kind` (encode-prefill counts as prefill)."""
+    return role.does_prefill if kind.does_prefill else role.does_decode
+
+
+def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: RoleRules) -> float:
+    """Complementarity on the chosen GPUs plus P/D locality on the node, for the pod's model.
+
+    complementarity: share of the pod's slices that land on a GPU holding the counterpart role of the
+    same model (spatial P/D sharing); a prefill next to another prefill costs `prefill_pair_penalty`.
+    locality: the node already hosts the counterpart role of the same model, so KV moves over NVLink
+    or PCIe instead of the network.
+    """
+    other = counterpart(pod.role)
+    if other is None:
+        return 0.0
+    slices = [d for c in placement.containers for d in c.devices]
+    score = 0.0
+    if slices:
+        complement = pair = 0
+        for d in slices:
+            u = node.by_uuid[d.uuid]
+            if any(h.role.does_prefill for h in u.holders) and pod.role.does_prefill:
+                pair += 1
+            if any(_is(h.role, other) and h.model == pod.model for h in u.holders):
+                complement += 1
+        score += rules.complementarity_weight * complement / len(slices)
+        score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / len(slices)
+    if pod.model is not None and any(
+        model == pod.model and n > 0 and _is(role, other) for (role, model), n in node.role_models.items()
+    ):
+        score += rules.locality_weight
+    return score

@@ -1,0 +1,159 @@
+"""The one placement entry point: evaluate nodes for a pod, choose the concrete GPUs, map scores.
+
+The extender's /filter, /prioritize and /bind, the CLI demo and the replay benchmarks all go through
+`Planner`, so a policy is never implemented twice. Node results are cached per (node version, pod
+shape, policy epoch): after a bind only the changed node is recomputed, which is what keeps a
+5,000-node filter within a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vgpu import annotations as ann
+from vgpu.errors import UnknownPolicyError
+from vgpu.fit import FitFailure, GpuRank, NodePlacement, fit_node
+from vgpu.placement import registry
+from vgpu.placement.base import NodePolicy
+from vgpu.placement.role_score import role_score
+from vgpu.pod import PodInfo
+from vgpu.state import ClusterState, GpuUsage
+
+MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+_CACHED_SHAPES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    placement: NodePlacement | None
+    score: float = 0.0
+    failure: FitFailure | None = None
+
+
+@dataclass(slots=True)
+class Evaluation:
+    feasible: dict[str, NodeResult] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+    def best(self) -> tuple[str, NodeResult] | None:
+        if not self.feasible:
+            return None
+        return max(self.feasible.items(), key=lambda kv: kv[1].score)
+
+
+def _rank_binpack(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+    return -u.used_share
+
+
+def _rank_spread(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+    return u.used_share
+
+
+_GPU_RANKS: dict[str, GpuRank] = {"binpack": _rank_binpack, "spread": _rank_spread}
+
+
+def to_priorities(scores: dict[str, float]) -> dict[str, int]:
+    """Map fine scores onto kube-scheduler's integer 0..10 (min-max over the feasible nodes)."""
+    if not scores:
+        return {}
+    lo, hi = min(scores.values()), max(scores.values())
+    if hi - lo < 1e-12:
+        return dict.fromkeys(scores, MAX_PRIORITY)
+    span = hi - lo
+    return {n: round(MAX_PRIORITY * (s - lo) / span) for n, s in scores.items()}
+
+
+class Planner:
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.config = state.config
+        self._policies: dict[str, NodePolicy] = {}
+        self._cache: OrderedDict[tuple[object, ...], dict[str, tuple[int, NodeResult]]] = OrderedDict()
+        self.policy(self.config.node_policy)  # fail fast on a bad cluster default
+
+    def policy(self, name: str) -> NodePolicy:
+        pol = self._policies.get(name)
+        if pol is None:
+            pol = self._policies[name] = registry.create(name)
+        return pol
+
+    def _resolve(self, pod: PodInfo) -> tuple[NodePolicy, GpuRank]:
+        try:
+            node_policy = self.policy(pod.node_policy or self.config.node_policy)
+        except UnknownPolicyError as exc:
+            raise UnknownPolicyError(f"annotation {ann.POD_NODE_POLICY}: {exc}") from None
+        gpu_name = pod.gpu_policy or self.config.gpu_policy
+        if gpu_name is None:
+            return node_policy, node_policy.gpu_rank
+        if gpu_name not in _GPU_RANKS:
+            known = ", ".join(sorted(_GPU_RANKS))
+            raise UnknownPolicyError(
+                f"annotation {ann.POD_GPU_POLICY}: unknown GPU policy {gpu_name!r}; known: {known}"
+            )
+        return node_policy, _GPU_RANKS[gpu_name]
+
+    def evaluate_node(self, node_name: str, pod: PodInfo) -> NodeResult:
+        """Uncached: the fresh-state decision used at bind time."""
+        node_policy, rank = self._resolve(pod)
+        return self._evaluate(node_name, pod, node_policy, rank)
+
+    def _evaluate(self, node_name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> NodeResult:
+        node = self.state.nodes.get(node_name)
+        if node is None:
+            return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
+        fit = fit_node(node, pod, self.config, rank)
+        if isinstance(fit, FitFailure):
+            return NodeResult(None, failure=fit)
+        score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
+        return NodeResult(fit, score=score)
+
+    def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
+        """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation."""
+        policy, rank = self._resolve(pod)
+        names = self.state.nodes.keys() if node_names is None else node_names
+        key = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
+        cache = self._cache.get(key)
+        if cache is None:
+            cache = self._cache[key] = {}
+            if len(self._cache) > _CACHED_SHAPES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        nodes = self.state.nodes
+        out = Evaluation()
+        for name in names:
+            node = nodes.get(name)
+            hit = cache.get(name)
+            if node is not None and hit is not None and hit[0] == node.version:
+                result = hit[1]
+            else:
+                result = self._evaluate(name, pod, policy, rank)
+                if node is not None:
+                    cache[name] = (node.version, result)
+            if result.failure is None:
+                out.feasible[name] = result
+            elif result.failure.unresolvable:
+                out.unresolvable[name] = result.failure.reason
+            else:
+                out.failed[name] = result.failure.reason
+        return out
+
+    def priorities(self, evaluation: Evaluation) -> dict[str, int]:
+        return to_priorities({n: r.score for n, r in evaluation.feasible.items()})
+
+    def narrow(self, evaluation: Evaluation) -> Evaluation:
+        """Keep only the best-scored tier; the rest become failed with a reason naming why."""
+        prios = self.priorities(evaluation)
+        if not prios:
+            return evaluation
+        top = max(prios.values())
+        out = Evaluation(failed=dict(evaluation.failed), unresolvable=dict(evaluation.unresolvable))
+        for name, result in evaluation.feasible.items():
+            if prios[name] == top:
+                out.feasible[name] = result
+            else:
+                out.failed[name] = f"fits, but scored {prios[name]}/{MAX_PRIORITY} below the best tier (narrow filter)"
+        return out

@@ -1,0 +1,104 @@
+"""The facts placement needs about a pod, extracted once from its Kubernetes JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu import annotations as ann
+from vgpu.config import RequestDefaults, ResourceNames
+from vgpu.errors import RequestError
+from vgpu.quantity import QuantityError, parse_cpu_milli, parse_memory_mib
+from vgpu.requests import PodRequest, parse_pod_request
+from vgpu.roles import Role, detect_role, model_identity
+
+GPU_MODELS_ANNOTATION = "vgpu.io/use-gpu-models"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    request: PodRequest
+    role: Role = Role.PREFILL_DECODE
+    role_source: str = "default"
+    model: str | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: frozenset[str] | None = None
+    node_policy: str | None = None
+    gpu_policy: str | None = None
+    node_name: str | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def shape_key(self) -> tuple[object, ...]:
+        """Everything that decides where this pod may go and how a node scores for it."""
+        return (
+            self.request.shape,
+            self.role,
+            self.model,
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpu_models,
+            self.node_policy,
+            self.gpu_policy,
+        )
+
+
+def _host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    cpu = mem = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = (c.get("resources") or {}) if isinstance(c, Mapping) else {}
+        req = res.get("requests") or res.get("limits") or {}
+        try:
+            if "cpu" in req:
+                cpu += parse_cpu_milli(req["cpu"])
+            if "memory" in req:
+                mem += parse_memory_mib(req["memory"])
+        except (QuantityError, ValueError):
+            continue  # host resources are kube-scheduler's to validate; we only use them as hints
+    return cpu, mem
+
+
+def pod_info(
+    pod: Mapping[str, Any],
+    names: ResourceNames = ResourceNames(),
+    defaults: RequestDefaults = RequestDefaults(),
+    *,
+    track_host_resources: bool = False,
+) -> PodInfo:
+    """Parse a Kubernetes Pod; raises RequestError on requests that can never be satisfied."""
+    meta = pod.get("metadata") or {}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    decision = detect_role(pod)
+    models_raw = annotations.get(GPU_MODELS_ANNOTATION, "")
+    gpu_models = frozenset(m.strip() for m in models_raw.split(",") if m.strip()) or None
+    cpu, mem = _host_requests(pod) if track_host_resources else (0, 0)
+    node_policy = annotations.get(ann.POD_NODE_POLICY) or None
+    gpu_policy = annotations.get(ann.POD_GPU_POLICY) or None
+    request = parse_pod_request(pod, names, defaults)
+    return PodInfo(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or meta.get("generateName") or ""),
+        uid=str(meta.get("uid") or ""),
+        request=request,
+        role=decision.role,
+        role_source=decision.source,
+        model=model_identity(pod),
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpu_models=gpu_models,
+        node_policy=node_policy,
+        gpu_policy=gpu_policy,
+        node_name=(pod.get("spec") or {}).get("nodeName") or None,
+        annotations=annotations,
+    )
+
+
+__all__ = ["GPU_MODELS_ANNOTATION", "PodInfo", "RequestError", "pod_info"]

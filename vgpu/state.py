@@ -1,0 +1,291 @@
+"""In-memory cluster state: GPU usage per node, built from inventories and applied assignments.
+
+`ClusterState.apply` checks every slice of an assignment against the hard limits before changing
+anything, so a failed apply leaves the state exactly as it was and no GPU ever goes over its memory,
+SM quota or split count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from vgpu.annotations import Assignment, DeviceSlice
+from vgpu.config import PlacementConfig
+from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.errors import CapacityError
+from vgpu.roles import Role
+
+
+@dataclass(slots=True)
+class Holder:
+    pod_key: str
+    role: Role
+    model: str | None
+    memory_mib: int
+    cores: int
+
+
+@dataclass(slots=True)
+class GpuUsage:
+    device: GpuDevice
+    memory_used: int = 0
+    cores_used: int = 0
+    holders: list[Holder] = field(default_factory=list)
+    prefill: int = 0
+    decode: int = 0
+    best_effort: int = 0
+
+    @property
+    def sharers(self) -> int:
+        return len(self.holders)
+
+    @property
+    def memory_free(self) -> int:
+        return self.device.memory_mib - self.memory_used
+
+    @property
+    def used_share(self) -> float:
+        """Fraction of the GPU reserved, the larger of memory and SMs."""
+        d = self.device
+        return max(self.memory_used / d.memory_mib, self.cores_used / d.cores)
+
+    def add(self, h: Holder) -> None:
+        self.holders.append(h)
+        self.memory_used += h.memory_mib
+        self.cores_used += h.cores
+        self.prefill += h.role.does_prefill
+        self.decode += h.role.does_decode
+        self.best_effort += h.cores == 0
+
+    def remove(self, pod_key: str) -> None:
+        keep: list[Holder] = []
+        for h in self.holders:
+            if h.pod_key != pod_key:
+                keep.append(h)
+                continue
+            self.memory_used -= h.memory_mib
+            self.cores_used -= h.cores
+            self.prefill -= h.role.does_prefill
+            self.decode -= h.role.does_decode
+            self.best_effort -= h.cores == 0
+        self.holders = keep
+
+
+def slice_blocker(
+    u: GpuUsage,
+    memory_mib: int,
+    cores: int,
+    role: Role,
+    config: PlacementConfig,
+    *,
+    extra_memory: int = 0,
+    extra_cores: int = 0,
+    extra_sharers: int = 0,
+) -> str | None:
+    """Why one more slice cannot go on this GPU (None = it can). `extra_*` count slices of the
+    same pod already tentatively placed on it."""
+    d = u.device
+    rules = config.roles
+    if u.sharers + extra_sharers + 1 > d.split_count:
+        return "split"
+    if u.memory_used + extra_memory + memory_mib > int(d.memory_mib * config.memory_scaling):
+        return "memory"
+    cap = int(d.cores * config.core_scaling)
+    prefill_here = role.does_prefill or u.prefill > 0
+    if rules.protect_prefill_sms and prefill_here:
+        cap = min(cap, d.cores)
+        if (u.sharers + extra_sharers) > 0 and (cores == 0 or u.best_effort > 0):
+            return "prefill-sm"
+    want = u.cores_used + extra_cores + cores
+    if want > cap:
+        return "prefill-sm" if prefill_here and want <= int(d.cores * config.core_scaling) else "cores"
+    if role.does_decode and u.decode + 1 > rules.max_decode_per_gpu:
+        return "decode-bandwidth"
+    return None
+
+
+@dataclass(slots=True)
+class NodeState:
+    inventory: NodeInventory
+    gpus: list[GpuUsage]
+    by_uuid: dict[str, GpuUsage]
+    cpu_used: int = 0
+    memory_used: int = 0
+    pods: dict[str, Assignment] = field(default_factory=dict)
+    role_models: Counter[tuple[Role, str | None]] = field(default_factory=Counter)
+    version: int = 0
+
+    @classmethod
+    def of(cls, inventory: NodeInventory) -> NodeState:
+        gpus = [GpuUsage(g) for g in sorted(inventory.gpus, key=lambda g: g.index)]
+        return cls(inventory=inventory, gpus=gpus, by_uuid={g.device.uuid: g for g in gpus})
+
+    @property
+    def name(self) -> str:
+        return self.inventory.name
+
+    def used_share(self) -> float:
+        if not self.gpus:
+            return 0.0
+        return sum(g.used_share for g in self.gpus) / len(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class HostUse:
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+class ClusterState:
+    """Nodes, their GPUs and every pod's assignment; the single mutable object of the core."""
+
+    def __init__(self, config: PlacementConfig | None = None) -> None:
+        self.config = config or PlacementConfig()
+        self.nodes: dict[str, NodeState] = {}
+        self.assignments: dict[str, Assignment] = {}
+        self._host: dict[str, HostUse] = {}
+        # Assignments whose node or GPUs are not (yet) in any inventory, e.g. pods seen before nodes.
+        self.orphans: dict[str, Assignment] = {}
+        # Assignments that the apiserver holds but that violate the limits (reported, never applied).
+        self.conflicts: dict[str, str] = {}
+        self.version = 0
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def upsert_node(self, inventory: NodeInventory) -> None:
+        old = self.nodes.get(inventory.name)
+        if old is not None and old.inventory == inventory and old.inventory.labels == inventory.labels:
+            return
+        node = NodeState.of(inventory)
+        node.version = (old.version + 1) if old else 0
+        self.nodes[inventory.name] = node
+        self.version += 1
+        pending = dict(old.pods) if old else {}
+        pending.update({k: a for k, a in self.orphans.items() if a.node == inventory.name})
+        for key, a in pending.items():
+            self.orphans.pop(key, None)
+            self.assignments.pop(key, None)
+            self._place(key, a, self._host.get(key, HostUse()))
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return
+        self.version += 1
+        for key, a in node.pods.items():
+            self.assignments.pop(key, None)
+            self.orphans[key] = a
+
+    # -- allocations --------------------------------------------------------------------------
+
+    def check(self, assignment: Assignment) -> str | None:
+        """Why this assignment cannot be applied now (None = it can)."""
+        node = self.nodes.get(assignment.node)
+        if node is None:
+            return f"node {assignment.node} has no GPU inventory"
+        extra: dict[str, list[int]] = {}
+        for c in assignment.containers:
+            for s in c.devices:
+                u = node.by_uuid.get(s.uuid)
+                if u is None:
+                    return f"GPU {s.uuid} is not on node {assignment.node}"
+                e = extra.setdefault(s.uuid, [0, 0, 0])
+                reason = slice_blocker(
+                    u,
+                    s.memory_mib,
+                    s.cores,
+                    assignment.role,
+                    self.config,
+                    extra_memory=e[0],
+                    extra_cores=e[1],
+                    extra_sharers=e[2],
+                )
+                if reason is not None:
+                    return (
+                        f"GPU {u.device.index} ({s.uuid}) on {assignment.node}: {reason} "
+                        f"(memory {u.memory_used + e[0]}+{s.memory_mib}/{u.device.memory_mib} MiB, "
+                        f"cores {u.cores_used + e[1]}+{s.cores}/{u.device.cores}, "
+                        f"sharers {u.sharers + e[2]}/{u.device.split_count})"
+                    )
+                e[0] += s.memory_mib
+                e[1] += s.cores
+                e[2] += 1
+        return None
+
+    def apply(self, pod_key: str, assignment: Assignment, host: HostUse = HostUse()) -> None:
+        """Record a pod's assignment; raises CapacityError and changes nothing if it does not fit."""
+        if pod_key in self.assignments or pod_key in self.orphans:
+            if self.assignments.get(pod_key, self.orphans.get(pod_key)) == assignment:
+                return
+            raise CapacityError(f"pod {pod_key} already holds an assignment; release it first")
+        if assignment.node not in self.nodes:
+            self.orphans[pod_key] = assignment
+            self._host[pod_key] = host
+            return
+        reason = self.check(assignment)
+        if reason is not None:
+            raise CapacityError(f"pod {pod_key}: {reason}")
+        self._place(pod_key, assignment, host)
+
+    def _place(self, pod_key: str, a: Assignment, host: HostUse) -> None:
+        node = self.nodes[a.node]
+        reason = self.check(a)
+        if reason is not None:
+            # Only reachable when re-applying known assignments to a changed inventory: keep the
+            # pod accounted for (releasable) and report it, never over-commit a GPU for it.
+            self.orphans[pod_key] = a
+            self.conflicts[pod_key] = reason
+            self._host[pod_key] = host
+            return
+        for s in a.slices():
+            node.by_uuid[s.uuid].add(Holder(pod_key, a.role, a.model, s.memory_mib, s.cores))
+        node.pods[pod_key] = a
+        node.cpu_used += host.cpu_milli
+        node.memory_used += host.memory_mib
+        node.role_models[(a.role, a.model)] += 1
+        node.version += 1
+        self.assignments[pod_key] = a
+        self._host[pod_key] = host
+        self.version += 1
+
+    def release(self, pod_key: str) -> Assignment | None:
+        """Free a pod's slices; idempotent (None when the pod held nothing)."""
+        host = self._host.pop(pod_key, HostUse())
+        self.conflicts.pop(pod_key, None)
+        if pod_key in self.orphans:
+            return self.orphans.pop(pod_key)
+        a = self.assignments.pop(pod_key, None)
+        if a is None:
+            return None
+        node = self.nodes[a.node]
+        for uuid in {s.uuid for s in a.slices()}:
+            node.by_uuid[uuid].remove(pod_key)
+        del node.pods[pod_key]
+        node.cpu_used -= host.cpu_milli
+        node.memory_used -= host.memory_mib
+        node.role_models[(a.role, a.model)] -= 1
+        if node.role_models[(a.role, a.model)] <= 0:
+            del node.role_models[(a.role, a.model)]
+        node.version += 1
+        self.version += 1
+        return a
+
+    # -- views --------------------------------------------------------------------------------
+
+    def slice_of(self, pod_key: str) -> list[DeviceSlice]:
+        a = self.assignments.get(pod_key)
+        return a.slices() if a else []
+
+    def totals(self) -> dict[str, int]:
+        gpus = [g for n in self.nodes.values() for g in n.gpus]
+        return {
+            "nodes": len(self.nodes),
+            "gpus": len(gpus),
+            "memory_mib": sum(g.device.memory_mib for g in gpus),
+            "memory_used_mib": sum(g.memory_used for g in gpus),
+            "cores": sum(g.device.cores for g in gpus),
+            "cores_used": sum(g.cores_used for g in gpus),
+            "slices": sum(g.sharers for g in gpus),
+            "pods": len(self.assignments),
+        }
