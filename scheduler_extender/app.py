@@ -1,0 +1,91 @@
+"""The HTTP surface: kube-scheduler's POST verbs plus health, readiness and metrics.
+
+Handlers only convert: bytes -> wire model -> service -> JSON. Malformed bodies get a 400 naming the
+problem; the service keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from scheduler_extender import schema
+from scheduler_extender.service import BadRequest, ExtenderService
+
+log = logging.getLogger(__name__)
+MAX_BODY = 64 * 1024 * 1024
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _bad(verb: str, service: ExtenderService, message: str) -> Response:
+    service.metrics.bad_requests.labels(verb).inc()
+    log.warning("bad request", extra={"verb": verb, "error": message})
+    return _json({"Error": message}, status=400)
+
+
+async def _read(request: Request, verb: str, model: type[BaseModel]) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise BadRequest(f"{verb}: body of {len(body)} bytes exceeds {MAX_BODY}")
+    if not body:
+        raise BadRequest(f"{verb}: empty body; expected a JSON {model.__name__}")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors()[:5])
+        raise BadRequest(f"{verb}: invalid {model.__name__}: {problems}") from None
+
+
+def create_app(service: ExtenderService) -> Starlette:
+    def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any], *, threaded: bool = False) -> Route:
+        hist = service.metrics.latency.labels(verb)
+
+        async def handler(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                args = await _read(request, verb, model)
+                result = await run_in_threadpool(call, args) if threaded else call(args)
+            except BadRequest as exc:
+                return _bad(verb, service, str(exc))
+            if verb != "bind":
+                hist.observe(time.perf_counter() - started)
+            return _json(result)
+
+        return Route(f"/{verb}", handler, methods=["POST"])
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if service.ready.is_set():
+            return PlainTextResponse("ok")
+        return PlainTextResponse("state not synced yet", status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        with service.lock:
+            body = generate_latest(service.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        verb_route("filter", schema.ExtenderArgs, service.filter),
+        verb_route("prioritize", schema.ExtenderArgs, service.prioritize),
+        verb_route("bind", schema.ExtenderBindingArgs, service.bind, threaded=True),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,23 @@
+"""What /bind needs from the outside world, as a Protocol with a Kubernetes and a file implementation."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from vgpu.annotations import Assignment
+
+
+class Binder(Protocol):
+    """Writes a pod's assignment and binds it. Implementations raise on failure, with context."""
+
+    def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        """Record the assignment (phase allocating) where the device plugin and a restarted extender read it."""
+        ...
+
+    def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
+        """Best effort: mark a written assignment as failed so nobody serves it."""
+        ...

@@ -1,0 +1,126 @@
+"""`vgpu-extender`: wires settings, state source, service and HTTP server together."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import ssl
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from scheduler_extender.app import create_app
+from scheduler_extender.service import ExtenderService, ServiceOptions
+from scheduler_extender.settings import ExtenderSettings, SettingsError, load
+from vgpu.errors import VgpuError
+from vgpu.logs import configure
+from vgpu.state import ClusterState
+
+log = logging.getLogger("scheduler_extender")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vgpu-extender",
+        description="kube-scheduler extender for fractional, role-aware GPU placement (filter, prioritize, bind).",
+        epilog="Precedence: flags > VGPU_EXTENDER_* env > --config file > defaults. See docs/extender.md.",
+    )
+    p.add_argument("--config", type=Path, help="YAML settings file (version: v1)")
+    p.add_argument("--address", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (default 8888)")
+    p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this PEM certificate")
+    p.add_argument("--tls-key-file", type=Path, help="PEM private key for --tls-cert-file")
+    p.add_argument(
+        "--source", choices=["kube", "file"], help="cluster state from the apiserver or a file (default kube)"
+    )
+    p.add_argument("--cluster-file", type=Path, help="cluster file for --source file")
+    p.add_argument("--persist", action="store_true", default=None, help="write binds back to --cluster-file")
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig path (default: in-cluster config)")
+    p.add_argument("--node-policy", help="node placement policy (default 'default')")
+    p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
+    p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"])
+    return p
+
+
+def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
+    if s.tls_cert_file is None:
+        return {}
+    return {
+        "ssl_certfile": str(s.tls_cert_file),
+        "ssl_keyfile": str(s.tls_key_file),
+        "ssl_version": ssl.PROTOCOL_TLS_SERVER,
+    }
+
+
+def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
+    """The service plus, for the kube source, the running source (so callers can stop it)."""
+    state = ClusterState(s.placement())
+    options = ServiceOptions(names=s.resource_names(), narrow_filter=s.narrow_filter)
+    lock = threading.RLock()
+    if s.source == "file":
+        from scheduler_extender.sources.file import FileBinder, load_cluster_file
+
+        assert s.cluster_file is not None
+        nodes = load_cluster_file(s.cluster_file, state)
+        binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
+        service = ExtenderService(state, binder, options=options, lock=lock)
+        service.ready.set()
+        return service, None
+    from kubernetes import client, config
+
+    from scheduler_extender.kube import KubeBinder
+    from scheduler_extender.sources.kube import KubeSource
+
+    if s.kubeconfig is not None:
+        config.load_kube_config(config_file=str(s.kubeconfig))
+    else:
+        config.load_incluster_config()
+    api = client.CoreV1Api()
+    service = ExtenderService(state, KubeBinder(api), options=options, lock=lock)
+    source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)
+    source.start()
+    return service, source
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = {k: v for k, v in vars(args).items() if k != "config"}
+    try:
+        settings = load(flags=flags, env=os.environ, config_file=args.config)
+    except SettingsError as exc:
+        print(f"vgpu-extender: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_level, settings.log_format)
+    try:
+        service, _source = build_service(settings)
+    except (VgpuError, OSError) as exc:
+        print(f"vgpu-extender: cannot load cluster state: {exc}", file=sys.stderr)
+        return 2
+    log.info(
+        "serving",
+        extra={
+            "address": settings.address,
+            "port": settings.port,
+            "tls": settings.tls_cert_file is not None,
+            "source": settings.source,
+            "policy": settings.node_policy,
+        },
+    )
+    uvicorn.run(
+        create_app(service),
+        host=settings.address,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        **_ssl_kwargs(settings),  # type: ignore[arg-type]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

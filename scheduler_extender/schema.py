@@ -1,0 +1,67 @@
+"""Wire models of k8s.io/kube-scheduler/extender/v1, field for field.
+
+The Go types carry no json tags, so the keys are the capitalised Go field names. Pods and Nodes
+stay plain JSON mappings: the core reads what it needs from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class NodeList(_Wire):
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(_Wire):
+    """Body of filter and prioritize calls."""
+
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderBindingArgs(_Wire):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = ""
+    Node: str = Field(min_length=1)
+
+
+class ExtenderPreemptionArgs(_Wire):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Any] | None = None
+    NodeNameToMetaVictims: dict[str, Any] | None = None
+
+
+def filter_result(
+    *,
+    node_names: list[str] | None,
+    nodes: list[dict[str, Any]] | None,
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    error: str = "",
+) -> dict[str, Any]:
+    """ExtenderFilterResult. Exactly one of Nodes / NodeNames is set, matching the request mode."""
+    return {
+        "Nodes": None if nodes is None else {"metadata": {}, "items": nodes},
+        "NodeNames": node_names,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": error,
+    }
+
+
+def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
+    """HostPriorityList."""
+    return [{"Host": host, "Score": score} for host, score in scores.items()]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}

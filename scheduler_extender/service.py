@@ -1,0 +1,240 @@
+"""The extender's verbs as plain methods: wire schema in, core call, wire schema out.
+
+One lock guards the cluster state. Filter and prioritize take it for a few milliseconds; bind takes
+it only to choose GPUs on fresh state and reserve them, and does its apiserver I/O outside it — so
+concurrent binds never over-commit a GPU and never wait on each other's network round trips.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_extender import schema
+from scheduler_extender.binder import Binder
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.sync import StateSync
+from vgpu.config import RequestDefaults, ResourceNames
+from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
+from vgpu.planner import Evaluation, Planner
+from vgpu.pod import PodInfo, pod_info
+from vgpu.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+_RECENT_PODS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceOptions:
+    names: ResourceNames = ResourceNames()
+    defaults: RequestDefaults = RequestDefaults()
+    narrow_filter: bool = False
+
+
+class BadRequest(ValueError):
+    """The request body is well-formed JSON but not a valid extender call (-> HTTP 400)."""
+
+
+class ExtenderService:
+    def __init__(
+        self,
+        state: ClusterState,
+        binder: Binder,
+        *,
+        options: ServiceOptions = ServiceOptions(),
+        metrics: ExtenderMetrics | None = None,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        self.state = state
+        self.planner = Planner(state)
+        self.binder = binder
+        self.options = options
+        self.metrics = metrics or ExtenderMetrics(state)
+        self.lock = lock or threading.RLock()
+        self.inflight: set[str] = set()
+        self.sync = StateSync(state, is_inflight=self.inflight.__contains__, on_problem=self.metrics.problem)
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.ready = threading.Event()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _parse(self, pod: dict[str, Any]) -> PodInfo:
+        return pod_info(pod, self.options.names, self.options.defaults)
+
+    def _remember(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if uid:
+            self._recent[uid] = pod
+            self._recent.move_to_end(uid)
+            if len(self._recent) > _RECENT_PODS:
+                self._recent.popitem(last=False)
+
+    def _evaluate(self, info: PodInfo, names: list[str]) -> Evaluation:
+        held = info.key in self.state.assignments or info.key in self.state.orphans
+        if held and not info.node_name and info.key not in self.inflight:
+            # Being scheduled again, so a previous bind of it failed: its reservation is stale.
+            self.state.release(info.key)
+        return self.planner.evaluate(info, names)
+
+    # -- verbs ----------------------------------------------------------------------------------
+
+    def filter(self, args: schema.ExtenderArgs) -> dict[str, Any]:
+        if args.NodeNames is not None:
+            names, items = list(args.NodeNames), None
+        elif args.Nodes is not None:
+            items = args.Nodes.items
+            names = [str((n.get("metadata") or {}).get("name") or "") for n in items]
+        else:
+            raise BadRequest("filter: the request carries neither Nodes nor NodeNames")
+        self._remember(args.Pod)
+        try:
+            info = self._parse(args.Pod)
+        except (RequestError, UnknownPolicyError) as exc:
+            self.metrics.filter_failure("invalid-request")
+            return schema.filter_result(
+                node_names=[] if items is None else None,
+                nodes=None if items is None else [],
+                failed={},
+                unresolvable=dict.fromkeys(names, str(exc)),
+            )
+        if info.request.is_empty:
+            return schema.filter_result(
+                node_names=names if items is None else None, nodes=items, failed={}, unresolvable={}
+            )
+        try:
+            with self.lock:
+                evaluation = self._evaluate(info, names)
+                if self.options.narrow_filter:
+                    evaluation = self.planner.narrow(evaluation)
+        except UnknownPolicyError as exc:
+            self.metrics.filter_failure("invalid-request")
+            return schema.filter_result(
+                node_names=[] if items is None else None,
+                nodes=None if items is None else [],
+                failed={},
+                unresolvable=dict.fromkeys(names, str(exc)),
+            )
+        feasible = evaluation.feasible
+        if not feasible:
+            self.metrics.filter_failure("no-fit")
+        if items is None:
+            return schema.filter_result(
+                node_names=[n for n in names if n in feasible],
+                nodes=None,
+                failed=evaluation.failed,
+                unresolvable=evaluation.unresolvable,
+            )
+        kept = [n for n, name in zip(items, names, strict=True) if name in feasible]
+        return schema.filter_result(
+            node_names=None, nodes=kept, failed=evaluation.failed, unresolvable=evaluation.unresolvable
+        )
+
+    def prioritize(self, args: schema.ExtenderArgs) -> list[dict[str, Any]]:
+        if args.NodeNames is not None:
+            names = list(args.NodeNames)
+        elif args.Nodes is not None:
+            names = [str((n.get("metadata") or {}).get("name") or "") for n in args.Nodes.items]
+        else:
+            raise BadRequest("prioritize: the request carries neither Nodes nor NodeNames")
+        try:
+            info = self._parse(args.Pod)
+            if info.request.is_empty:
+                return schema.host_priorities(dict.fromkeys(names, 0))
+            with self.lock:
+                evaluation = self._evaluate(info, names)
+                prios = self.planner.priorities(evaluation)
+        except (RequestError, UnknownPolicyError):
+            prios = {}
+        return schema.host_priorities({n: prios.get(n, 0) for n in names})
+
+    def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
+        key = f"{args.PodNamespace}/{args.PodName}"
+        started = time.perf_counter()
+        pod = self._recent.get(args.PodUID) if args.PodUID else None
+        if pod is None:
+            try:
+                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+            except Exception as exc:
+                return self._bind_failed(key, args.Node, f"cannot read the pod: {exc}")
+        if pod is None:
+            return self._bind_failed(key, args.Node, "pod not found")
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if args.PodUID and uid and uid != args.PodUID:
+            return self._bind_failed(key, args.Node, f"pod UID changed ({args.PodUID} -> {uid}); it was recreated")
+        try:
+            info = self._parse(pod)
+        except (RequestError, UnknownPolicyError) as exc:
+            return self._bind_failed(key, args.Node, str(exc))
+        assignment = None
+        with self.lock:
+            if key in self.inflight:
+                return self._bind_failed(key, args.Node, "a bind of this pod is already in progress")
+            if key in self.state.assignments or key in self.state.orphans:
+                self.state.release(key)
+            if not info.request.is_empty:
+                try:
+                    result = self.planner.evaluate_node(args.Node, info)
+                except UnknownPolicyError as exc:
+                    return self._bind_failed(key, args.Node, str(exc))
+                if result.placement is None:
+                    reason = result.failure.reason if result.failure else "does not fit"
+                    return self._bind_failed(key, args.Node, f"no longer fits: {reason}")
+                assignment = result.placement.assignment(info)
+                try:
+                    self.state.apply(key, assignment)
+                except CapacityError as exc:  # cannot happen after a fresh fit; keep it loud
+                    return self._bind_failed(key, args.Node, str(exc))
+            self.inflight.add(key)
+        try:
+            if assignment is not None:
+                self.binder.write_assignment(
+                    namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, assignment=assignment
+                )
+            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, node=args.Node)
+        except Exception as exc:
+            with self.lock:
+                self.inflight.discard(key)
+                if assignment is not None:
+                    self.state.release(key)
+            if assignment is not None:
+                try:
+                    self.binder.mark_failed(
+                        namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, reason=str(exc)
+                    )
+                except Exception as mark_exc:
+                    log.warning("could not mark assignment failed", extra={"pod": key, "error": str(mark_exc)})
+            return self._bind_failed(key, args.Node, f"binding failed: {exc}")
+        with self.lock:
+            self.inflight.discard(key)
+        self.metrics.bound(time.perf_counter() - started)
+        log.info("bound", extra={"pod": key, "node": args.Node, "slices": assignment.slices() if assignment else []})
+        return schema.binding_result()
+
+    def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
+        self.metrics.bind_failure()
+        log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
+        return schema.binding_result(f"bind {key} to {node}: {reason}")
+
+    # -- watch feed -----------------------------------------------------------------------------
+
+    def node_event(self, kind: str, node: dict[str, Any]) -> None:
+        with self.lock:
+            self.sync.node_event(kind, node)
+
+    def pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        with self.lock:
+            self.sync.pod_event(kind, pod)
+
+    def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.sync.replace_nodes(nodes)
+
+    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.sync.replace_pods(pods)

@@ -1,0 +1,115 @@
+"""Extender configuration (version v1): defaults, validation, and flags > env > file precedence.
+
+Env variables are `VGPU_EXTENDER_<FIELD>` in upper case (e.g. VGPU_EXTENDER_NODE_POLICY=spread);
+nested resource names use `VGPU_EXTENDER_RESOURCES__COUNT`. The file is YAML with `version: v1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vgpu.config import PlacementConfig, ResourceNames
+from vgpu.placement import registry
+
+ENV_PREFIX = "VGPU_EXTENDER_"
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names the field, the value's source and what is allowed."""
+
+
+class ResourceNameSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: str = "nvidia.com/gpu"
+    memory: str = "nvidia.com/gpumem"
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    cores: str = "nvidia.com/gpucores"
+    priority: str = "nvidia.com/priority"
+
+
+class ExtenderSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal["v1"] = "v1"
+    address: str = Field(default="0.0.0.0", description="listen address")
+    port: int = Field(default=8888, ge=1, le=65535, description="listen port")
+    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this certificate (PEM)")
+    tls_key_file: Path | None = Field(default=None, description="private key of --tls-cert-file (PEM)")
+    source: Literal["kube", "file"] = Field(default="kube", description="where the cluster state comes from")
+    cluster_file: Path | None = Field(default=None, description="cluster file for --source file")
+    persist: bool = Field(default=False, description="write binds back to the cluster file (atomic rename)")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig; in-cluster config when unset")
+    node_policy: str = Field(default="default", description="cluster-wide node placement policy")
+    gpu_policy: Literal["binpack", "spread"] | None = Field(
+        default=None, description="GPU order inside a node; unset = the node policy's own"
+    )
+    narrow_filter: bool = Field(default=False, description="filter returns only the best-scored tier")
+    watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    resources: ResourceNameSettings = Field(default_factory=ResourceNameSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExtenderSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.source == "file" and self.cluster_file is None:
+            raise ValueError("source 'file' needs cluster_file")
+        if self.node_policy not in registry.names():
+            raise ValueError(f"node_policy {self.node_policy!r} is unknown; known: {', '.join(registry.names())}")
+        return self
+
+    def placement(self) -> PlacementConfig:
+        return PlacementConfig(
+            node_policy=self.node_policy, gpu_policy=self.gpu_policy, narrow_filter=self.narrow_filter
+        )
+
+    def resource_names(self) -> ResourceNames:
+        r = self.resources
+        return ResourceNames(r.count, r.memory, r.memory_percentage, r.cores, r.priority)
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if "__" in name:
+            outer, inner = name.split("__", 1)
+            out.setdefault(outer, {})[inner] = value
+        else:
+            out[name] = value
+    return out
+
+
+def load(*, flags: Mapping[str, Any], env: Mapping[str, str], config_file: Path | None) -> ExtenderSettings:
+    """Merge file < env < flags (flags that were not given are None and do not count)."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            doc = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SettingsError(f"config file {config_file}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise SettingsError(f"config file {config_file}: expected a mapping at the top level")
+        merged.update(doc)
+    for layer in (_from_env(env), {k: v for k, v in flags.items() if v is not None}):
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    try:
+        return ExtenderSettings.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise SettingsError(f"invalid extender settings: {problems}") from None

@@ -1,0 +1,1 @@
+"""Where the extender's state comes from: the Kubernetes API or a cluster file."""

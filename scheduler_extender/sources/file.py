@@ -1,0 +1,83 @@
+"""State from a cluster file, for demos, tests and benchmarks.
+
+Binds are recorded in memory and, with `persist`, written back to the file atomically (write to a
+temporary file, fsync, rename), so allocations survive a restart of the extender in file mode too.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vgpu.annotations import Assignment
+from vgpu.clusterfile import dump_cluster, parse_cluster
+from vgpu.devices import NodeInventory
+from vgpu.state import ClusterState
+
+
+def load_cluster_file(path: Path, state: ClusterState) -> list[NodeInventory]:
+    """Fill `state` from the file; raises ClusterFileError/CapacityError with the problem named."""
+    with path.open("rb") as fh:
+        doc = yaml.safe_load(fh) or {}
+    nodes, allocations = parse_cluster(doc)
+    for inv in nodes:
+        state.upsert_node(inv)
+    for key, assignment in allocations:
+        state.apply(key, assignment)
+    return nodes
+
+
+class FileBinder:
+    """Binder over an in-memory pod registry (pods seen by filter), optionally persisting to the file."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        nodes: list[NodeInventory],
+        *,
+        state_lock: threading.RLock,
+        persist_to: Path | None = None,
+    ) -> None:
+        self.state = state
+        self.state_lock = state_lock
+        self.nodes = nodes
+        self.persist_to = persist_to
+        self.bound: dict[str, str] = {}
+        self._io = threading.Lock()
+
+    def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # the service falls back to pods it saw in /filter
+
+    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        return None  # the state already holds it; persisted on bind
+
+    def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        self.bound[f"{namespace}/{name}"] = node
+        self._persist()
+
+    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
+        self.bound.pop(f"{namespace}/{name}", None)
+
+    def _persist(self) -> None:
+        if self.persist_to is None:
+            return
+        with self.state_lock:
+            allocations = sorted(self.state.assignments.items())
+        doc = dump_cluster(self.nodes, allocations)
+        with self._io:
+            target = self.persist_to
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    yaml.safe_dump(doc, fh, sort_keys=False)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise

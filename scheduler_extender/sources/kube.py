@@ -1,0 +1,52 @@
+"""State from the apiserver: reflectors on Nodes and active Pods feeding the service."""
+
+from __future__ import annotations
+
+import threading
+
+from kubernetes import client
+
+from scheduler_extender.kube import ACTIVE_PODS, Reflector
+from scheduler_extender.service import ExtenderService
+
+
+class KubeSource:
+    def __init__(self, api: client.CoreV1Api, service: ExtenderService, *, watch_timeout_s: int = 300) -> None:
+        self.service = service
+        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self.nodes = Reflector(
+            name="nodes",
+            list_call=api.list_node,
+            replace=service.replace_nodes,
+            handle=service.node_event,
+            on_synced=self._synced["nodes"].set,
+            watch_timeout_s=watch_timeout_s,
+        )
+        # Nodes first: pods seen before their node are kept as orphans and applied when it arrives.
+        self.pods = Reflector(
+            name="pods",
+            list_call=api.list_pod_for_all_namespaces,
+            replace=service.replace_pods,
+            handle=service.pod_event,
+            field_selector=ACTIVE_PODS,
+            on_synced=self._on_pods_synced,
+            watch_timeout_s=watch_timeout_s,
+        )
+        self._threads: list[threading.Thread] = []
+
+    def _on_pods_synced(self) -> None:
+        self._synced["pods"].set()
+        if self._synced["nodes"].is_set():
+            self.service.ready.set()
+
+    def start(self) -> None:
+        t_nodes = threading.Thread(target=self.nodes.run, name="reflector-nodes", daemon=True)
+        t_nodes.start()
+        self._synced["nodes"].wait(timeout=30)
+        t_pods = threading.Thread(target=self.pods.run, name="reflector-pods", daemon=True)
+        t_pods.start()
+        self._threads = [t_nodes, t_pods]
+
+    def stop(self) -> None:
+        self.nodes.stop()
+        self.pods.stop()
