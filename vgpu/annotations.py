@@ -214,8 +214,13 @@ def decode_assignment(value: str) -> Assignment:
             mem = _field(key, d, "memoryMiB", int, dwhere)
             cores = _field(key, d, "cores", int, dwhere)
             index = _field(key, d, "index", int, dwhere)
-            if mem < 0 or not 0 <= cores <= 100 or index < 0:
-                raise CodecError(key=key, reason=f"{dwhere}: memoryMiB must be >= 0, cores 0..100, index >= 0")
+            for name, value, ok, allowed in (
+                ("memoryMiB", mem, mem >= 0, ">= 0"),
+                ("cores", cores, 0 <= cores <= 100, "0..100"),
+                ("index", index, index >= 0, ">= 0"),
+            ):
+                if not ok:
+                    raise CodecError(key=key, reason=f"{dwhere}: field {name!r} must be {allowed}, got {value}")
             uuid = _field(key, d, "uuid", str, dwhere)
             devices.append(DeviceSlice(uuid=uuid, index=index, memory_mib=mem, cores=cores))
         uuids = [d.uuid for d in devices]

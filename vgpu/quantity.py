@@ -3,23 +3,50 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
-_SUFFIX = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
+# Every suffix of the Kubernetes quantity grammar (resource.Quantity): decimal SI, binary SI, and
+# the decimal exponent form ("1e3"), which the regex captures separately.
+_SCALE: dict[str, Fraction] = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
 }
-_QUANTITY = re.compile(r"^([+-]?)(\d+)(?:\.(\d+))?(Ki|Mi|Gi|Ti|k|M|G|T|m)?$")
+_QUANTITY = re.compile(r"^([+-]?)(\d+\.?\d*|\.\d+)(?:([KMGTPE]i|[numkMGTPE])|[eE]([+-]?\d+))?$")
+_MAX_EXPONENT = 30  # far beyond any real resource; keeps "1e999999999" from costing time
 
 
 class QuantityError(ValueError):
     """Raised with a short reason; callers add container and resource context."""
+
+
+def _exact(raw: str) -> Fraction:
+    """The exact value of a quantity string; exact so that "500m" is 1/2, never rounded to 0 or 1."""
+    m = _QUANTITY.match(raw.strip())
+    if m is None:
+        raise QuantityError("not a Kubernetes quantity")
+    sign, number, suffix, exponent = m.groups()
+    if exponent is not None:
+        if abs(int(exponent)) > _MAX_EXPONENT:
+            raise QuantityError(f"exponent out of range (at most {_MAX_EXPONENT})")
+        scale = Fraction(10) ** int(exponent)
+    else:
+        scale = _SCALE[suffix or ""]
+    value = Fraction(number) * scale
+    return -value if sign == "-" else value
 
 
 def parse_int_quantity(raw: object) -> int:
@@ -37,28 +64,12 @@ def parse_int_quantity(raw: object) -> int:
             raise QuantityError("must be a whole number")
         value = int(raw)
     elif isinstance(raw, str):
-        m = _QUANTITY.match(raw.strip())
-        if m is None:
-            raise QuantityError("not a Kubernetes quantity")
-        sign, whole, frac, suffix = m.groups()
-        suffix = suffix or ""
-        if suffix == "m":
-            milli = int(whole) * 1000 + (int((frac or "0")[:3].ljust(3, "0")) if frac else 0)
-            if milli % 1000 or (frac and len(frac) > 3):
-                raise QuantityError("must be a whole number")
-            value = milli // 1000
-        else:
-            mult = _SUFFIX[suffix]
-            if frac and int(frac) != 0:
-                exact = int(whole + frac) * mult
-                scale = 10 ** len(frac)
-                if exact % scale:
-                    raise QuantityError("must be a whole number")
-                value = exact // scale
-            else:
-                value = int(whole) * mult
-        if sign == "-":
-            value = -value
+        exact = _exact(raw)
+        if exact < 0:
+            raise QuantityError("must not be negative")
+        if exact.denominator != 1:
+            raise QuantityError("must be a whole number")
+        value = int(exact)
     else:
         raise QuantityError(f"unsupported type {type(raw).__name__}")
     if value < 0:
@@ -84,10 +95,4 @@ def parse_memory_mib(raw: object) -> int:
         return -(-int(raw) // 2**20)
     if not isinstance(raw, str):
         raise QuantityError(f"unsupported type {type(raw).__name__}")
-    m = _QUANTITY.match(raw.strip())
-    if m is None:
-        raise QuantityError("not a Kubernetes quantity")
-    _, whole, frac, suffix = m.groups()
-    mult = _SUFFIX.get(suffix or "", 1)
-    value = float(f"{whole}.{frac or 0}") * mult
-    return -(-int(value) // 2**20)
+    return -(-_exact(raw) // 2**20)

@@ -61,7 +61,9 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     m = re.search(re.escape(flag) + r"(?:=|\s+)('([^']*)'|\"((?:[^\"\\]|\\.)*)\"|(\S+))", joined)
     if m is None:
         return None
-    return m.group(2) or m.group(3) or m.group(4)
+    if m.group(3) is not None:  # double-quoted shell word: undo \" and \\ as the shell would
+        return re.sub(r"\\(.)", r"\1", m.group(3))
+    return m.group(2) if m.group(2) is not None else m.group(4)
 
 
 def _kv_role(raw: str) -> str | None:
