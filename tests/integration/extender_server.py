@@ -1,0 +1,66 @@
+"""Start `vgpu-extender` as a real process on a free loopback port, for integration tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def running_extender(
+    *args: str, cert: tuple[Path, Path] | None = None, ca: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Yield the base URL of a running extender; the process is terminated (then killed) on exit."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "scheduler_extender.main", "--address", "127.0.0.1", "--port", str(port), *args]
+    scheme = "http"
+    if cert is not None:
+        cmd += ["--tls-cert-file", str(cert[0]), "--tls-key-file", str(cert[1])]
+        scheme = "https"
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    url = f"{scheme}://127.0.0.1:{port}"
+    verify: bool | ssl.SSLContext = ssl.create_default_context(cafile=str(ca)) if ca is not None else False
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise RuntimeError(f"extender exited with {proc.returncode}:\n{out}")
+            try:
+                if httpx.get(f"{url}/healthz", verify=verify, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("extender did not become healthy within 20 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
