@@ -1,0 +1,112 @@
+"""`vgpu-webhook`: wiring only. Subcommands: `serve` (default), `gen-certs`, `print-config`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from webhook import certs, config_load, logs
+from webhook.admission import Settings
+from webhook.config import ConfigError, WebhookConfig
+from webhook.inventory import InventorySource, NodeAnnotationInventory, NoInventory, StaticInventory
+from webhook.metrics import StateCollector, WebhookMetrics
+from webhook.runner import TlsServer
+from webhook.server import Reviewer, create_app
+from webhook.tls import ReloadingTls
+
+log = logging.getLogger("webhook")
+
+
+def make_inventory(cfg: WebhookConfig) -> InventorySource:
+    if cfg.inventory_source == "none":
+        return NoInventory()
+    if cfg.inventory_source == "static":
+        return StaticInventory(max_gpu_memory_mib=cfg.max_gpu_memory_mib, max_gpus_per_node=cfg.max_gpus_per_node)
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    if cfg.kubeconfig:
+        api_client = kube_config.new_client_from_config(config_file=cfg.kubeconfig)  # type: ignore[no-untyped-call]
+    else:
+        configuration = client.Configuration()
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        api_client = client.ApiClient(configuration)
+    source = NodeAnnotationInventory(api=client.CoreV1Api(api_client))
+    source.start()
+    return source
+
+
+def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: CollectorRegistry) -> TlsServer:
+    metrics = WebhookMetrics(registry)
+    tls = ReloadingTls(
+        cfg.cert_file,
+        cfg.key_file,
+        on_reload=lambda ok: metrics.cert_reloads.labels("ok" if ok else "failed").inc(),
+    )
+    StateCollector(cert_not_after=lambda: tls.not_after, inventory=inventory.summary, registry=registry)
+    reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics)
+    tls.start(cfg.cert_reload_interval)
+    return TlsServer(create_app(reviewer), tls, host=cfg.host, port=cfg.port)
+
+
+def serve(cfg: WebhookConfig) -> int:
+    logs.setup(fmt=cfg.log_format, level=cfg.log_level)
+    inventory = make_inventory(cfg)
+    server = build_server(cfg, inventory, CollectorRegistry())
+    log.info("serving AdmissionReviews on https://%s:%d (scheduler %s)", cfg.host, server.port, cfg.scheduler_name)
+    try:
+        server.run()
+    finally:
+        server.tls.stop()
+        if isinstance(inventory, NodeAnnotationInventory):
+            inventory.stop()
+    return 0
+
+
+def gen_certs(args: argparse.Namespace) -> int:
+    paths = certs.write_dev_certs(Path(args.dir), tuple(args.host) or certs.DEFAULT_HOSTS)
+    print(f"wrote {paths.ca_cert} {paths.cert} {paths.key}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="vgpu-webhook", description="kube-vgpu mutating admission webhook")
+    sub = top.add_subparsers(dest="command")
+    serve_p = sub.add_parser("serve", help="serve /mutate, /validate, /healthz, /readyz, /metrics over HTTPS")
+    config_load.add_flags(serve_p)
+    show = sub.add_parser("print-config", help="print the effective configuration (flags > env > file)")
+    config_load.add_flags(show)
+    gen = sub.add_parser("gen-certs", help="write a self-signed CA and serving certificate (development)")
+    gen.add_argument("--dir", required=True, help="output folder: ca.crt, tls.crt, tls.key")
+    gen.add_argument("--host", action="append", default=[], help="DNS name or IP for the SAN (repeatable)")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or args_list[0] not in ("serve", "print-config", "gen-certs", "-h", "--help"):
+        args_list.insert(0, "serve")
+    args = parser().parse_args(args_list)
+    if args.command == "gen-certs":
+        return gen_certs(args)
+    try:
+        cfg = config_load.load(args=args, environ=os.environ)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.command == "print-config":
+        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        return 0
+    return serve(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
