@@ -83,11 +83,15 @@ def place(planner: Planner, pod: PodInfo) -> Placed | Rejected:
     """Evaluate every node, take the best, apply it to the planner's state (or say why not)."""
     if pod.request.is_empty:
         return Rejected(pod.key, "asks for no vGPU resources", pod)
+    if pod.key in planner.state.assignments or pod.key in planner.state.orphans:
+        return Rejected(pod.key, "a pod with this namespace/name already holds slices", pod)
     try:
-        planner.policy(pod.node_policy or planner.config.node_policy).observe(pod)
-        evaluation = planner.evaluate(pod)
+        planner.evaluate(pod, node_names=())  # checks the pod's policy annotations, naming a bad one
     except UnknownPolicyError as exc:
         return Rejected(pod.key, str(exc), pod)
+    # The policy learns the arriving shape before it scores nodes for it (NodePolicy.observe).
+    planner.policy(pod.node_policy or planner.config.node_policy).observe(pod)
+    evaluation = planner.evaluate(pod)
     best = evaluation.best()
     if best is None:
         reasons = {**evaluation.failed, **evaluation.unresolvable}
