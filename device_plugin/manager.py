@@ -1,0 +1,195 @@
+"""The device manager: devices to advertise, preferred allocations, and Allocate → the right pod's slice.
+
+Knows nothing of gRPC (device_plugin.server translates). Decisions are serialised by an in-process lock
+held only for the duration of one call — never a lock stored anywhere that could outlive the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from device_plugin.envs import ContainerSlice, EnvSettings, container_slice
+from device_plugin.health import GpuHealth, HealthBoard
+from device_plugin.matching import Candidate, MatchError, match, preferred
+from device_plugin.pods import KubeletPods, KubeletView, PodRecord, PodSource
+from device_plugin.replicas import replica_ids
+from vgpu import annotations as ann
+from vgpu.devices import GpuDevice
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    healthy: bool
+    numa: int | None
+
+
+class AllocationError(Exception):
+    """Allocate refused: the kubelet fails the pod's admission with this message."""
+
+
+class DeviceManager:
+    def __init__(
+        self,
+        *,
+        node: str,
+        resource: str,
+        gpus: tuple[GpuDevice, ...],
+        board: HealthBoard,
+        pods: PodSource,
+        kubelet: KubeletPods | None,
+        settings: EnvSettings = EnvSettings(),
+        retry_s: float = 2.0,
+        retry_interval_s: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.node = node
+        self.resource = resource
+        self.gpus = gpus
+        self.board = board
+        self.pods = pods
+        self.kubelet = kubelet
+        self.settings = settings
+        self.retry_s = retry_s
+        self.retry_interval_s = retry_interval_s
+        self.sleep = sleep
+        self._lock = threading.Lock()
+        self._served: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._patches: queue.Queue[PodRecord | None] = queue.Queue()
+        self._patcher: threading.Thread | None = None
+
+    # --- ListAndWatch ----------------------------------------------------------------------------
+
+    def devices(self) -> list[Replica]:
+        _, health = self.board.snapshot()
+        out: list[Replica] = []
+        for g in self.gpus:
+            ok = g.healthy and health.get(g.uuid, GpuHealth(False, "unknown")).healthy
+            out.extend(Replica(rid, ok, g.numa) for rid in replica_ids(g.uuid, g.split_count))
+        return out
+
+    # --- kubelet calls ---------------------------------------------------------------------------
+
+    def _inputs(self) -> tuple[list[PodRecord], KubeletView | None]:
+        view = self.kubelet.view(resource=self.resource) if self.kubelet is not None else None
+        return self.pods.list_node_pods(node=self.node), view
+
+    def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
+        with self._lock:
+            try:
+                pods, view = self._inputs()
+            except Exception as exc:
+                log.warning("GetPreferredAllocation: cannot list pods (%s); letting the kubelet choose", exc)
+                return []
+            return preferred(
+                available, must_include, size, pods, node=self.node, kubelet=view, served=self._served.keys()
+            )
+
+    def allocate(self, requests: list[list[str]]) -> list[ContainerSlice]:
+        """One slice per container request, or AllocationError naming why no single pod could be named.
+        Empty/ambiguous results are re-read for up to retry_s (the kubelet view and the LIST may lag)."""
+        with self._lock:
+            out: list[ContainerSlice] = []
+            for ids in requests:
+                cand = self._match_with_retry(ids)
+                self._served[(cand.pod.uid, cand.container.name)] = tuple(ids)
+                out.append(
+                    container_slice(
+                        cand.container,
+                        namespace=cand.pod.namespace,
+                        pod=cand.pod.name,
+                        pod_uid=cand.pod.uid,
+                        settings=self.settings,
+                    )
+                )
+                log.info("Allocate %s -> %s[%s]", ids, cand.pod.key, cand.container.name)
+                if self._pod_done(cand.pod):
+                    self._patches.put(cand.pod)
+            return out
+
+    def _match_with_retry(self, ids: list[str]) -> Candidate:
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            try:
+                pods, view = self._inputs()
+                return match(ids, pods, node=self.node, kubelet=view, served=self._served.keys())
+            except MatchError as exc:
+                if time.monotonic() >= deadline:
+                    raise AllocationError(f"vGPU Allocate refused: {exc}") from None
+            except Exception as exc:  # apiserver unreachable
+                if time.monotonic() >= deadline:
+                    raise AllocationError(f"vGPU Allocate refused: cannot read pods: {exc}") from None
+            self.sleep(self.retry_interval_s)
+
+    def _pod_done(self, pod: PodRecord) -> bool:
+        assert pod.assignment is not None
+        return all((pod.uid, c.name) in self._served for c in pod.assignment.containers if c.devices)
+
+    # --- bind-phase bookkeeping ------------------------------------------------------------------
+
+    def mark_allocated(self, pod: PodRecord) -> None:
+        """bind-phase allocating → allocated; failures are logged (reconcile() retries them)."""
+        try:
+            self.pods.patch_pod_annotations(
+                namespace=pod.namespace, name=pod.name, annotations={ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATED.value}
+            )
+        except Exception as exc:
+            log.warning("pod %s: cannot set bind-phase allocated: %s", pod.key, exc)
+
+    def reconcile(self) -> int:
+        """After a restart (or periodically): pods whose GPU containers all hold devices in the kubelet but
+        are still `allocating` are marked allocated; forget served entries of pods that are gone."""
+        view = self.kubelet.view(resource=self.resource) if self.kubelet is not None else None
+        pods = self.pods.list_node_pods(node=self.node)
+        done = 0
+        with self._lock:
+            live = {p.uid for p in pods}
+            for key in [k for k in self._served if k[0] not in live]:
+                del self._served[key]
+            for p in pods:
+                if p.bind_phase != ann.BindPhase.ALLOCATING or p.assignment is None or p.assignment.node != self.node:
+                    continue
+                gpu_containers = [c.name for c in p.assignment.containers if c.devices]
+                held = all(
+                    (p.uid, n) in self._served or (view is not None and view.devices.get((p.key, n)))
+                    for n in gpu_containers
+                )
+                if gpu_containers and held:
+                    self.mark_allocated(p)
+                    done += 1
+        return done
+
+    def _patch_loop(self) -> None:
+        while True:
+            pod = self._patches.get()
+            try:
+                if pod is None:
+                    return
+                self.mark_allocated(pod)
+            finally:
+                self._patches.task_done()
+
+    def start(self) -> None:
+        self._patcher = threading.Thread(target=self._patch_loop, name="bind-phase", daemon=True)
+        self._patcher.start()
+
+    def stop(self) -> None:
+        if self._patcher is not None:
+            self._patches.put(None)
+            self._patcher.join(timeout=5)
+
+    def drain(self) -> None:
+        """Wait until queued bind-phase patches are written (tests, shutdown)."""
+        if self._patcher is not None:
+            self._patches.join()
+
+    def served(self) -> Mapping[tuple[str, str], tuple[str, ...]]:
+        with self._lock:
+            return dict(self._served)

@@ -1,0 +1,153 @@
+"""Which pod an Allocate is for (docs/device-plugin.md, "Pod identity"). Pure functions, no I/O.
+
+The kubelet admits pods one at a time and allocates a pod's containers in spec order, calling
+GetPreferredAllocation then Allocate for each. So the pod being allocated is one that
+  (a) the extender put in bind-phase `allocating` on this node (assignment written before the binding),
+  (b) is known to the kubelet (PodResources List) — pods bound but not yet handed to the kubelet are not,
+  (c) still has an unserved GPU container (not in PodResources with our devices, not served by us);
+only its first unserved container is eligible. If that leaves exactly one pod, it is the one; otherwise
+nobody is guessed. The request's physical GPU set must then equal the container's assigned set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+
+from device_plugin.pods import KubeletView, PodRecord
+from device_plugin.replicas import gpu_of
+from vgpu.annotations import BindPhase, ContainerAssignment
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    pod: PodRecord
+    container: ContainerAssignment
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self.container.devices)
+
+
+class MatchError(Exception):
+    """No single pod can be named for a request; the message says why and lists what was seen."""
+
+
+def pending_containers(
+    pods: Iterable[PodRecord],
+    *,
+    node: str,
+    kubelet: KubeletView | None,
+    served: Set[tuple[str, str]],
+    require_known: bool = True,
+) -> list[Candidate]:
+    """The next unserved GPU container of every pod that may be in admission now (rules a-c)."""
+    out: list[Candidate] = []
+    for pod in pods:
+        a = pod.assignment
+        if a is None or a.node != node or pod.node not in ("", node):
+            continue
+        if pod.bind_phase != BindPhase.ALLOCATING or pod.deleting or pod.phase in TERMINAL_PHASES:
+            continue
+        if require_known and kubelet is not None and pod.key not in kubelet.pods:
+            continue
+        for c in a.containers:
+            if not c.devices or (pod.uid, c.name) in served:
+                continue
+            if kubelet is not None and kubelet.devices.get((pod.key, c.name)):
+                continue
+            out.append(Candidate(pod, c))
+            break
+    return sorted(out, key=lambda c: (c.pod.bind_time, c.pod.key))
+
+
+def eligible(
+    pods: list[PodRecord],
+    *,
+    node: str,
+    kubelet: KubeletView | None,
+    served: Set[tuple[str, str]],
+    size: int,
+) -> list[Candidate]:
+    """Candidates asking for `size` vGPUs; if the kubelet view excludes them all (a kubelet that lists
+    pods only after admission), fall back to every pending pod — which is then unique or refused."""
+    found = [c for c in pending_containers(pods, node=node, kubelet=kubelet, served=served) if len(c.gpus) == size]
+    if found or kubelet is None:
+        return found
+    every = pending_containers(pods, node=node, kubelet=kubelet, served=served, require_known=False)
+    return [c for c in every if len(c.gpus) == size]
+
+
+def _describe(cands: list[Candidate]) -> str:
+    return ", ".join(f"{c.pod.key}[{c.container.name}] on {','.join(c.gpus)}" for c in cands) or "none"
+
+
+def match(
+    device_ids: list[str],
+    pods: list[PodRecord],
+    *,
+    node: str,
+    kubelet: KubeletView | None,
+    served: Set[tuple[str, str]],
+) -> Candidate:
+    """The one container the kubelet is allocating `device_ids` for, or MatchError."""
+    try:
+        requested = {gpu_of(i) for i in device_ids}
+    except ValueError as exc:
+        raise MatchError(str(exc)) from None
+    if len(requested) != len(device_ids):
+        raise MatchError(f"devices {device_ids} put two vGPUs of one container on the same GPU")
+    cands = eligible(pods, node=node, kubelet=kubelet, served=served, size=len(device_ids))
+    if not cands:
+        raise MatchError(
+            f"no pod in bind-phase allocating on node {node} has an unserved container with {len(device_ids)} "
+            f"vGPU(s) (requested GPUs {sorted(requested)}); was it scheduled by the vGPU extender?"
+        )
+    if len({c.pod.uid for c in cands}) > 1:
+        raise MatchError(f"ambiguous: {len(cands)} pods may be in admission: {_describe(cands)}; refusing to guess")
+    cand = cands[0]
+    if set(cand.gpus) != requested:
+        raise MatchError(
+            f"kubelet picked GPUs {sorted(requested)} but {cand.pod.key}[{cand.container.name}] is assigned "
+            f"{sorted(cand.gpus)} (GetPreferredAllocation not honoured?)"
+        )
+    return cand
+
+
+def preferred(
+    available: list[str],
+    must_include: list[str],
+    size: int,
+    pods: list[PodRecord],
+    *,
+    node: str,
+    kubelet: KubeletView | None,
+    served: Set[tuple[str, str]],
+) -> list[str]:
+    """Replica IDs steering the kubelet to the assigned GPUs of the one eligible container, in assignment
+    order; [] (let the kubelet choose, Allocate will then refuse) when no single container is eligible."""
+    cands = eligible(pods, node=node, kubelet=kubelet, served=served, size=size)
+    if len({c.pod.uid for c in cands}) != 1:
+        return []
+    by_gpu: dict[str, list[str]] = {}
+    for rid in list(must_include) + sorted(available, key=_replica_sort_key):
+        try:
+            by_gpu.setdefault(gpu_of(rid), []).append(rid)
+        except ValueError:
+            continue
+    out: list[str] = []
+    for uuid in cands[0].gpus:
+        options = by_gpu.get(uuid)
+        if not options:
+            return []
+        out.append(options[0])
+    if not set(must_include) <= set(out):
+        return []
+    return out
+
+
+def _replica_sort_key(rid: str) -> tuple[str, int]:
+    uuid, _, n = rid.rpartition("::")
+    return (uuid, int(n) if n.isdigit() else 0)

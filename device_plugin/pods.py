@@ -1,0 +1,84 @@
+"""What the device manager needs to know about pods, independent of where it comes from.
+
+PodRecord is read from the apiserver (device_plugin.kube) or from an in-memory fake in tests; KubeletView
+is read from the kubelet's PodResources API (device_plugin.podresources). Both sides are Protocols so the
+manager is tested without sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vgpu import annotations as ann
+from vgpu.errors import CodecError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str = "Pending"
+    deleting: bool = False
+    bind_phase: ann.BindPhase | None = None
+    bind_time: str = ""
+    assignment: ann.Assignment | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord:
+    """Build a PodRecord from a pod as JSON; a malformed annotation leaves assignment/bind_phase None (logged)."""
+    meta = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    assignment: ann.Assignment | None = None
+    bind_phase: ann.BindPhase | None = None
+    key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    try:
+        if ann.POD_ASSIGNMENT in annotations:
+            assignment = ann.decode_assignment(annotations[ann.POD_ASSIGNMENT])
+        if ann.POD_BIND_PHASE in annotations:
+            bind_phase = ann.decode_bind_phase(annotations[ann.POD_BIND_PHASE])
+    except CodecError as exc:
+        log.warning("pod %s: ignoring unreadable vGPU annotation: %s", key, exc)
+    return PodRecord(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        phase=str((pod.get("status") or {}).get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        bind_phase=bind_phase,
+        bind_time=str(annotations.get(ann.POD_BIND_TIME, "")),
+        assignment=assignment,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletView:
+    """From PodResources List: the pods the kubelet knows and the device IDs of our resource per container."""
+
+    pods: frozenset[str]
+    devices: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+
+
+class PodSource(Protocol):
+    """The apiserver as the device plugin uses it (implemented by device_plugin.kube.KubePodSource)."""
+
+    def list_node_pods(self, *, node: str) -> list[PodRecord]: ...
+    def patch_pod_annotations(self, *, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
+    def patch_node_annotations(self, *, node: str, annotations: Mapping[str, str | None]) -> None: ...
+
+
+class KubeletPods(Protocol):
+    """The kubelet's PodResources API; view() returns None when it cannot be reached."""
+
+    def view(self, *, resource: str) -> KubeletView | None: ...

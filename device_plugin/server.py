@@ -1,0 +1,210 @@
+"""gRPC side: a thin DevicePlugin servicer over DeviceManager, and the socket/registration lifecycle.
+
+The kubelet deletes every socket in its device-plugins folder when it restarts and recreates kubelet.sock;
+PluginServer.watch() notices either (polling every 0.5 s) and re-serves + re-registers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
+from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from device_plugin.envs import ContainerSlice
+from device_plugin.health import HealthBoard
+from device_plugin.manager import AllocationError, DeviceManager, Replica
+
+log = logging.getLogger(__name__)
+VERSION = "v1beta1"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+def device_pb(r: Replica) -> pb.Device:
+    topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=r.numa)]) if r.numa is not None else None
+    return pb.Device(ID=r.id, health=HEALTHY if r.healthy else UNHEALTHY, topology=topo)
+
+
+def response_pb(s: ContainerSlice) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=s.envs,
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in s.mounts
+        ],
+        annotations=s.annotations,
+    )
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, manager: DeviceManager, board: HealthBoard, stop: threading.Event) -> None:
+        self.manager = manager
+        self.board = board
+        self.stop = stop
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        """Send the device list now and again on every health change, until the stream or server ends."""
+        last: list[pb.Device] | None = None
+        seen = self.board.version
+        while not self.stop.is_set() and context.is_active():
+            devices = [device_pb(r) for r in self.manager.devices()]
+            if devices != last:
+                last = devices
+                yield pb.ListAndWatchResponse(devices=devices)
+            seen = self.board.wait_change(seen, timeout=1.0)
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=self.manager.preferred(
+                        list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+                    )
+                )
+                for r in request.container_requests
+            ]
+        )
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        try:
+            slices = self.manager.allocate([list(r.devices_ids) for r in request.container_requests])
+        except AllocationError as exc:
+            log.warning("%s", exc)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.AllocateResponse(container_responses=[response_pb(s) for s in slices])
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+@dataclass(frozen=True, slots=True)
+class SocketPaths:
+    plugin_dir: str
+    socket_name: str = "vgpu.sock"
+    kubelet_socket_name: str = "kubelet.sock"
+
+    @property
+    def plugin(self) -> str:
+        return os.path.join(self.plugin_dir, self.socket_name)
+
+    @property
+    def kubelet(self) -> str:
+        return os.path.join(self.plugin_dir, self.kubelet_socket_name)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class PluginServer:
+    """Serves DevicePlugin on its socket, then registers with the kubelet; restarts both on kubelet restart."""
+
+    def __init__(
+        self, manager: DeviceManager, board: HealthBoard, paths: SocketPaths, *, resource: str, workers: int = 8
+    ) -> None:
+        self.manager = manager
+        self.board = board
+        self.paths = paths
+        self.resource = resource
+        self.workers = workers
+        self._server: grpc.Server | None = None
+        self._serving_stop = threading.Event()
+        self._kubelet_inode: int | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.registrations = 0
+
+    def serve(self) -> None:
+        if os.path.exists(self.paths.plugin):
+            os.unlink(self.paths.plugin)
+        self._serving_stop = threading.Event()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dp-grpc"))
+        pb_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginServicer(self.manager, self.board, self._serving_stop), server
+        )
+        server.add_insecure_port(f"unix://{self.paths.plugin}")
+        server.start()
+        self._server = server
+        log.info("serving %s on %s", self.resource, self.paths.plugin)
+
+    def register(self, timeout_s: float = 5.0) -> None:
+        """Register with the kubelet (which then dials our socket); raises grpc.RpcError on failure."""
+        self._kubelet_inode = _inode(self.paths.kubelet)
+        with grpc.insecure_channel(f"unix://{self.paths.kubelet}") as channel:
+            pb_grpc.RegistrationStub(channel).Register(
+                pb.RegisterRequest(
+                    version=VERSION,
+                    endpoint=self.paths.socket_name,
+                    resource_name=self.resource,
+                    options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+                ),
+                timeout=timeout_s,
+            )
+        self.registrations += 1
+        log.info("registered %s with the kubelet at %s", self.resource, self.paths.kubelet)
+
+    def stop_serving(self) -> None:
+        self._serving_stop.set()
+        self.board.poke()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(2.0)
+            self._server = None
+
+    def restart(self) -> None:
+        self.stop_serving()
+        self.serve()
+        try:
+            self.register()
+        except grpc.RpcError as exc:
+            log.warning("register failed (%s); retrying", exc.code() if hasattr(exc, "code") else exc)
+            self._kubelet_inode = None
+
+    def needs_restart(self) -> bool:
+        """Our socket gone (kubelet cleaned the folder) or kubelet.sock replaced / newly present."""
+        kubelet = _inode(self.paths.kubelet)
+        if kubelet is None:
+            return False  # kubelet down: wait for it to come back
+        return not os.path.exists(self.paths.plugin) or kubelet != self._kubelet_inode
+
+    def watch(self, interval_s: float = 0.5) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                if self.needs_restart():
+                    log.warning("kubelet restart detected: re-serving and re-registering")
+                    self.restart()
+            except Exception:
+                log.exception("socket watch")
+
+    def start(self) -> None:
+        """Serve, try to register (the watcher retries until the kubelet is there), start watching."""
+        self.serve()
+        try:
+            self.register()
+        except grpc.RpcError:
+            log.warning("kubelet not reachable at %s yet; will register when it appears", self.paths.kubelet)
+            self._kubelet_inode = None
+        self._watcher = threading.Thread(target=self.watch, name="kubelet-watch", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        self.stop_serving()
+        if os.path.exists(self.paths.plugin):
+            os.unlink(self.paths.plugin)
