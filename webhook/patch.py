@@ -31,7 +31,8 @@ def set_entries(root: Mapping[str, Any], tokens: Sequence[str | int], entries: M
     node: Any = root
     for depth, token in enumerate(tokens):
         child = _child(node, token)
-        if not isinstance(child, Mapping):
+        last = depth == len(tokens) - 1
+        if not (isinstance(child, Mapping) or (not last and isinstance(child, list))):
             value: Any = dict(entries)
             for inner in reversed(tokens[depth + 1 :]):
                 value = {str(inner): value}
