@@ -748,7 +748,8 @@ def _main(argv: Sequence[str]) -> int:
         return 0
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: it may be ignored if started with &
+        signal.signal(sig, lambda *_: stop.set())
     with ControlPlane(workdir=args.workdir, keep_workdir=bool(args.workdir)) as cp:
         for i in range(args.nodes):
             cp.add_node(f"node-{i}", {**DEFAULT_NODE_CAPACITY, "nvidia.com/gpu": str(args.gpus)})
@@ -759,14 +760,11 @@ def _main(argv: Sequence[str]) -> int:
                           "workdir": str(cp.workdir)}, indent=2))
         print(f"\nexport KUBECONFIG={cp.admin_kubeconfig}\nexport PATH={cp.bin_dir}:$PATH   # kubectl\n"
               f"logs: {cp.logs_dir}\nCtrl-C stops everything.", flush=True)
-        try:
-            while not stop.wait(1.0):
-                dead = [p.name for p in cp.processes if not p.alive()]
-                if dead:
-                    print(f"process exited: {dead}\n{cp.dump_logs()}", file=sys.stderr)
-                    return 1
-        except KeyboardInterrupt:
-            pass
+        while not stop.wait(1.0):
+            dead = [p.name for p in cp.processes if not p.alive()]
+            if dead:
+                print(f"process exited: {dead}\n{cp.dump_logs()}", file=sys.stderr)
+                return 1
         print("stopping...", file=sys.stderr)
     return 0
 

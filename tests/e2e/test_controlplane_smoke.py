@@ -80,3 +80,98 @@ def test_teardown_leaves_no_process(control_plane: ControlPlane) -> None:
     left = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout
     assert left == "", f"processes left behind: {left}"
     assert not workdir.exists()
+
+
+class _Extender:
+    """A minimal scheduler extender over HTTPS (stdlib): filter keeps every node, bind creates the Binding.
+
+    It only proves the harness wiring (CA, serving cert, caData); the real extender lives elsewhere."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        import http.server
+        import json
+        import ssl
+        import threading
+
+        from kubernetes import client
+
+        core = client.CoreV1Api(cp.api_client())
+        calls: list[str] = []
+        self.calls = calls
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                verb = self.path.rsplit("/", 1)[-1]
+                calls.append(verb)
+                if verb == "filter":
+                    result = {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
+                else:  # bind
+                    body = {"apiVersion": "v1", "kind": "Binding",
+                            "metadata": {"name": args["PodName"], "namespace": args["PodNamespace"],
+                                         "uid": args["PodUID"]},
+                            "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]}}
+                    core.create_namespaced_binding(args["PodNamespace"], body, _preload_content=False)
+                    result = {"Error": ""}
+                data = json.dumps(result).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        crt, key = cp.issue_server_cert("smoke-extender")
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(crt), str(key))
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/extender"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_scheduler_calls_https_extender_with_cluster_ca(control_plane: ControlPlane, namespace: str) -> None:
+    from kubernetes import client
+
+    cp = control_plane
+    core = client.CoreV1Api(cp.api_client())
+    tag = uuid.uuid4().hex[:6]
+    selector = {"kube-vgpu.e2e/ext": tag}
+    node = f"ext-{tag}"
+    cp.add_node(node, {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}, labels=selector)
+    ext = _Extender(cp)
+    try:
+        cp.start_scheduler(f"""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+extenders:
+- urlPrefix: {ext.url}
+  filterVerb: filter
+  bindVerb: bind
+  nodeCacheCapable: true
+  enableHTTPS: true
+  tlsConfig:
+    caData: {cp.ca.cert_b64}
+  managedResources:
+  - name: nvidia.com/gpu
+    ignoredByScheduler: false
+""")
+        pod = _pod("gpu", "100m", selector)
+        pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+        core.create_namespaced_pod(namespace, pod)
+        bound = cp.wait_for_pod("gpu", namespace, timeout=30)
+        assert bound.spec.node_name == node
+        assert ext.calls == ["filter", "bind"], ext.calls
+        print(f"extender over HTTPS called: {ext.calls}")
+    finally:
+        cp.stop_scheduler()
+        ext.close()
+    cp.delete_pod("gpu", namespace)
+    core.delete_node(node)
