@@ -1,0 +1,35 @@
+# Developer entry points. Every target runs inside .venv, which hack/venv.sh creates on first use and
+# refreshes only when pyproject.toml changes.
+VENV ?= .venv
+BIN := $(VENV)/bin
+IMAGE ?= kube-vgpu:dev
+
+.PHONY: help venv demo test lint fmt image clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+venv: ## create/refresh .venv (idempotent)
+	@VENV=$(VENV) hack/venv.sh
+
+demo: venv ## replay the bundled llm-d P/D workload onto the embedded cluster (no cluster needed)
+	$(BIN)/vgpu demo
+
+test: venv ## run the whole test suite
+	$(BIN)/python -m pytest -q
+
+lint: venv ## ruff, formatting, mypy --strict and the import-linter contracts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+fmt: venv ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+image: ## build the extender container image
+	docker build -t $(IMAGE) .
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

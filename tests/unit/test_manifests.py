@@ -1,0 +1,101 @@
+"""deploy/ manifests: valid Kubernetes objects (offline schemas), and consistent with each other and the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = sorted((ROOT / "deploy" / "manifests").glob("*.yaml"))
+SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+K8S_VERSION = "1.33.1"
+# Kinds with no OpenAPI schema in the apiserver (component config, not a served resource).
+NO_SCHEMA = {"KubeSchedulerConfiguration"}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _extender_docs() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in _docs(ROOT / "deploy" / "manifests" / "extender.yaml")}
+
+
+@pytest.mark.parametrize("path", [*MANIFESTS, SCHEDULER_CONFIG], ids=lambda p: str(p.relative_to(ROOT)))
+def test_manifests_validate_against_the_kubernetes_schemas(path: Path) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = _docs(path)
+    assert docs, f"{path} holds no objects"
+    for doc in docs:
+        if doc["kind"] in NO_SCHEMA:
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_scheduler_config_calls_the_extender_as_documented() -> None:
+    (cfg,) = _docs(SCHEDULER_CONFIG)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["vgpu-scheduler"]
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and ext["ignorable"] is False
+    assert ext["httpTimeout"] == "5s" and ext["weight"] == 1
+    ignored = {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]}
+    # Nodes advertise nvidia.com/gpu (device-plugin replicas), so kube-scheduler keeps counting it.
+    assert ignored == {
+        "nvidia.com/gpu": False,
+        "nvidia.com/gpumem": True,
+        "nvidia.com/gpumem-percentage": True,
+        "nvidia.com/gpucores": True,
+    }
+
+
+def test_configmap_holds_the_same_scheduler_config() -> None:
+    cm = _extender_docs()[("ConfigMap", "vgpu-scheduler-config")]
+    (embedded,) = cm["data"].values()
+    assert yaml.safe_load(embedded) == _docs(SCHEDULER_CONFIG)[0]
+    scheduler = _extender_docs()[("Deployment", "vgpu-scheduler")]["spec"]["template"]["spec"]
+    mount = scheduler["containers"][0]["volumeMounts"][0]["mountPath"]
+    (key,) = cm["data"]
+    assert f"--config={mount}/{key}" in scheduler["containers"][0]["command"]
+
+
+def test_extender_deployment_matches_the_service_the_scheduler_calls() -> None:
+    from urllib.parse import urlsplit
+
+    from scheduler_extender.main import build_parser
+
+    docs = _extender_docs()
+    url = urlsplit(_docs(SCHEDULER_CONFIG)[0]["extenders"][0]["urlPrefix"])
+    svc_name, svc_ns = url.hostname.split(".")[:2] if url.hostname else ("", "")
+    svc = docs[("Service", svc_name)]
+    assert svc["metadata"]["namespace"] == svc_ns
+    assert [p["port"] for p in svc["spec"]["ports"]] == [url.port]
+    template = docs[("Deployment", "vgpu-extender")]["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])  # every flag must exist in vgpu-extender
+    assert args.source == "kube" and args.port == url.port
+    (port,) = container["ports"]
+    assert port["containerPort"] == url.port and svc["spec"]["ports"][0]["targetPort"] == port["name"]
+    tls_mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tls")
+    assert str(args.tls_cert_file).startswith(tls_mount) and str(args.tls_key_file).startswith(tls_mount)
+
+
+@pytest.mark.parametrize(
+    ("resource", "verb"),
+    [
+        ("nodes", "watch"),
+        ("nodes", "list"),
+        ("pods", "watch"),
+        ("pods", "patch"),
+        ("pods/binding", "create"),
+        ("events", "create"),
+    ],
+)
+def test_extender_rbac_allows_what_it_does(resource: str, verb: str) -> None:
+    rules = _extender_docs()[("ClusterRole", "vgpu-extender")]["rules"]
+    assert any(resource in r["resources"] and verb in r["verbs"] for r in rules)
