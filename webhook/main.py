@@ -1,4 +1,4 @@
-"""`vgpu-webhook`: wiring only. Subcommands: `serve` (default), `gen-certs`, `print-config`."""
+"""`vgpu-webhook`: wiring only. Subcommands: `serve` (default), `gen-certs`, `install-certs`, `print-config`."""
 
 from __future__ import annotations
 
@@ -77,6 +77,33 @@ def gen_certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def install_certs(args: argparse.Namespace) -> int:
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    from webhook import cert_job
+
+    logs.setup()
+    if args.kubeconfig:
+        api_client = kube_config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    else:
+        configuration = client.Configuration()
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        api_client = client.ApiClient(configuration)
+    issued = cert_job.install(
+        core=client.CoreV1Api(api_client),
+        admission=client.AdmissionregistrationV1Api(api_client),
+        namespace=args.namespace,
+        secret=args.secret,
+        hosts=tuple(args.host) or certs.DEFAULT_HOSTS,
+        mutating=args.mutating,
+        validating=args.validating,
+        min_days=args.min_days,
+    )
+    log.info("secret %s/%s %s; caBundle set", args.namespace, args.secret, "issued" if issued else "kept")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="vgpu-webhook", description="kube-vgpu mutating admission webhook")
     sub = top.add_subparsers(dest="command")
@@ -87,16 +114,26 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("gen-certs", help="write a self-signed CA and serving certificate (development)")
     gen.add_argument("--dir", required=True, help="output folder: ca.crt, tls.crt, tls.key")
     gen.add_argument("--host", action="append", default=[], help="DNS name or IP for the SAN (repeatable)")
+    inst = sub.add_parser("install-certs", help="cert Job: ensure the TLS Secret and the webhooks' caBundle")
+    inst.add_argument("--namespace", default="kube-system")
+    inst.add_argument("--secret", default="vgpu-webhook-tls")
+    inst.add_argument("--host", action="append", default=[], help="DNS name for the SAN (repeatable)")
+    inst.add_argument("--mutating", action="append", default=[], help="MutatingWebhookConfiguration name")
+    inst.add_argument("--validating", action="append", default=[], help="ValidatingWebhookConfiguration name")
+    inst.add_argument("--min-days", type=int, default=30, help="reissue when fewer days are left")
+    inst.add_argument("--kubeconfig", default="", help="default: in-cluster service account")
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if not args_list or args_list[0] not in ("serve", "print-config", "gen-certs", "-h", "--help"):
+    if not args_list or args_list[0] not in ("serve", "print-config", "gen-certs", "install-certs", "-h", "--help"):
         args_list.insert(0, "serve")
     args = parser().parse_args(args_list)
     if args.command == "gen-certs":
         return gen_certs(args)
+    if args.command == "install-certs":
+        return install_certs(args)
     try:
         cfg = config_load.load(args=args, environ=os.environ)
     except ConfigError as exc:
