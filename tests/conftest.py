@@ -6,12 +6,14 @@ Test modules import these directly (`from tests.conftest import ...`); they are 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.pod import PodInfo, pod_info
 from vgpu.roles import Role
+from vgpu.state import ClusterState
 
 GPU_MEM = 81920  # an 80 GiB card
 
@@ -113,3 +115,39 @@ def make_assignment(
     """One container holding (gpu index, memory MiB, cores) slices of `node`'s GPUs (uuids as make_node)."""
     devices = tuple(DeviceSlice(uuid=f"{node}-g{i}", index=i, memory_mib=m, cores=c) for i, m, c in slices)
     return Assignment(node=node, containers=(ContainerAssignment(container, devices),), role=role, model=model)
+
+
+def assert_invariants(state: ClusterState) -> None:
+    """The hard limits and the bookkeeping every ClusterState must keep, whatever happened to it."""
+    cfg = state.config
+    rules = cfg.roles
+    for name, node in state.nodes.items():
+        for u in node.gpus:
+            d, hs = u.device, u.holders
+            where = f"{name}/{d.uuid}"
+            assert u.sharers <= d.split_count, f"{where}: split"
+            assert u.memory_used <= int(d.memory_mib * cfg.memory_scaling), f"{where}: memory"
+            assert u.cores_used <= int(d.cores * cfg.core_scaling), f"{where}: cores"
+            if rules.protect_prefill_sms and u.prefill:
+                assert u.cores_used <= d.cores, f"{where}: SMs oversubscribed on a prefill GPU"
+                assert u.best_effort == 0 or u.sharers == 1, f"{where}: best-effort slice next to a prefill"
+            assert u.decode <= rules.max_decode_per_gpu, f"{where}: decode budget"
+            assert u.memory_used == sum(h.memory_mib for h in hs)
+            assert u.cores_used == sum(h.cores for h in hs)
+            assert u.prefill == sum(h.role.does_prefill for h in hs)
+            assert u.decode == sum(h.role.does_decode for h in hs)
+            assert u.best_effort == sum(h.cores == 0 for h in hs)
+            assert {h.pod_key for h in hs} <= node.pods.keys()
+        for key, a in node.pods.items():
+            assert state.assignments.get(key) == a and a.node == name
+        assert node.role_models == Counter((a.role, a.model) for a in node.pods.values())
+    assert not state.assignments.keys() & state.orphans.keys()
+    assert state.conflicts.keys() <= state.orphans.keys()
+    for key, a in state.orphans.items():
+        assert a.node not in state.nodes or key in state.conflicts, f"{key}: orphan although its node is known"
+    placed = [s for a in state.assignments.values() for s in a.slices()]
+    totals = state.totals()
+    assert totals["pods"] == len(state.assignments) == sum(len(n.pods) for n in state.nodes.values())
+    assert totals["slices"] == len(placed)
+    assert totals["memory_used_mib"] == sum(s.memory_mib for s in placed)
+    assert totals["cores_used"] == sum(s.cores for s in placed)

@@ -28,7 +28,7 @@ _REASON_TEXT = {
 }
 
 
-_NONE = [0, 0, 0]
+_NONE = [0, 0, 0, 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,15 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
                 continue
             e = extra.get(dev.uuid, _NONE)
             why = slice_blocker(
-                u, mem, cores, pod.role, config, extra_memory=e[0], extra_cores=e[1], extra_sharers=e[2]
+                u,
+                mem,
+                cores,
+                pod.role,
+                config,
+                extra_memory=e[0],
+                extra_cores=e[1],
+                extra_sharers=e[2],
+                extra_best_effort=e[3],
             )
             if why is not None:
                 blocked[why] += 1
@@ -123,9 +131,10 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
         devices: list[DeviceSlice] = []
         for _, _, _, u, mem, cores in chosen:
             devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))
-            e = extra.setdefault(u.device.uuid, [0, 0, 0])
+            e = extra.setdefault(u.device.uuid, [0, 0, 0, 0])
             e[0] += mem
             e[1] += cores
             e[2] += 1
+            e[3] += cores == 0
         out.append(ContainerAssignment(name=req.container, devices=tuple(devices)))
     return NodePlacement(node.name, tuple(out))

@@ -82,9 +82,10 @@ def slice_blocker(
     extra_memory: int = 0,
     extra_cores: int = 0,
     extra_sharers: int = 0,
+    extra_best_effort: int = 0,
 ) -> str | None:
     """Why one more slice cannot go on this GPU (None = it can). `extra_*` count slices of the
-    same pod already tentatively placed on it."""
+    same pod already tentatively placed on it (they share the pod's role)."""
     d = u.device
     rules = config.roles
     if u.sharers + extra_sharers + 1 > d.split_count:
@@ -95,12 +96,12 @@ def slice_blocker(
     prefill_here = role.does_prefill or u.prefill > 0
     if rules.protect_prefill_sms and prefill_here:
         cap = min(cap, d.cores)
-        if (u.sharers + extra_sharers) > 0 and (cores == 0 or u.best_effort > 0):
+        if (u.sharers + extra_sharers) > 0 and (cores == 0 or u.best_effort + extra_best_effort > 0):
             return "prefill-sm"
     want = u.cores_used + extra_cores + cores
     if want > cap:
         return "prefill-sm" if prefill_here and want <= int(d.cores * config.core_scaling) else "cores"
-    if role.does_decode and u.decode + 1 > rules.max_decode_per_gpu:
+    if role.does_decode and u.decode + extra_sharers + 1 > rules.max_decode_per_gpu:
         return "decode-bandwidth"
     return None
 
@@ -158,7 +159,9 @@ class ClusterState:
         if old is not None and old.inventory == inventory and old.inventory.labels == inventory.labels:
             return
         node = NodeState.of(inventory)
-        node.version = (old.version + 1) if old else 0
+        # The cluster version it is about to get: a node that is removed and comes back never
+        # repeats a version a cache may still hold (node versions never exceed the cluster's).
+        node.version = self.version + 1
         self.nodes[inventory.name] = node
         self.version += 1
         pending = dict(old.pods) if old else {}
@@ -190,7 +193,7 @@ class ClusterState:
                 u = node.by_uuid.get(s.uuid)
                 if u is None:
                     return f"GPU {s.uuid} is not on node {assignment.node}"
-                e = extra.setdefault(s.uuid, [0, 0, 0])
+                e = extra.setdefault(s.uuid, [0, 0, 0, 0])
                 reason = slice_blocker(
                     u,
                     s.memory_mib,
@@ -200,6 +203,7 @@ class ClusterState:
                     extra_memory=e[0],
                     extra_cores=e[1],
                     extra_sharers=e[2],
+                    extra_best_effort=e[3],
                 )
                 if reason is not None:
                     return (
@@ -211,6 +215,7 @@ class ClusterState:
                 e[0] += s.memory_mib
                 e[1] += s.cores
                 e[2] += 1
+                e[3] += s.cores == 0
         return None
 
     def apply(self, pod_key: str, assignment: Assignment, host: HostUse = HostUse()) -> None:
@@ -241,6 +246,7 @@ class ClusterState:
         for s in a.slices():
             node.by_uuid[s.uuid].add(Holder(pod_key, a.role, a.model, s.memory_mib, s.cores))
         node.pods[pod_key] = a
+        self.conflicts.pop(pod_key, None)
         node.cpu_used += host.cpu_milli
         node.memory_used += host.memory_mib
         node.role_models[(a.role, a.model)] += 1
