@@ -58,9 +58,10 @@ def filter_result(
     }
 
 
-def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
-    """HostPriorityList."""
-    return [{"Host": host, "Score": score} for host, score in scores.items()]
+def host_priorities(names: list[str], scores: dict[str, int]) -> list[dict[str, Any]]:
+    """HostPriorityList for `names`, in order; a node without a score gets 0."""
+    get = scores.get
+    return [{"Host": host, "Score": get(host, 0)} for host in names]
 
 
 def binding_result(error: str = "") -> dict[str, str]:

@@ -145,13 +145,13 @@ class ExtenderService:
         try:
             info = self._parse(args.Pod)
             if info.request.is_empty:
-                return schema.host_priorities(dict.fromkeys(names, 0))
+                return schema.host_priorities(names, {})
             with self.lock:
                 evaluation = self._evaluate(info, names)
                 prios = self.planner.priorities(evaluation)
         except (RequestError, UnknownPolicyError):
             prios = {}
-        return schema.host_priorities({n: prios.get(n, 0) for n in names})
+        return schema.host_priorities(names, prios)
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         key = f"{args.PodNamespace}/{args.PodName}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,25 +79,25 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
     if not node.gpus:
         return FitFailure("node has no GPUs", unresolvable=True)
     usable: list[GpuUsage] = []
-    excluded: Counter[str] = Counter()
+    excluded: dict[str, int] = {}
     for u in node.gpus:
         if not u.device.healthy and not config.allow_unhealthy:
-            excluded["unhealthy"] += 1
+            excluded["unhealthy"] = excluded.get("unhealthy", 0) + 1
         elif pod.gpu_models is not None and u.device.model not in pod.gpu_models:
-            excluded["model"] += 1
+            excluded["model"] = excluded.get("model", 0) + 1
         else:
             usable.append(u)
     extra: dict[str, list[int]] = {}
     out: list[ContainerAssignment] = []
     for req in pod.request.containers:
         candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
-        blocked: Counter[str] = Counter(excluded)
+        blocked = dict(excluded)
         for u in usable:
             dev = u.device
             mem = req.memory_on(dev.memory_mib)
             cores = req.cores_on(dev.memory_mib)
             if mem > int(dev.memory_mib * config.memory_scaling) or cores > int(dev.cores * config.core_scaling):
-                blocked["too-small"] += 1
+                blocked["too-small"] = blocked.get("too-small", 0) + 1
                 continue
             e = extra.get(dev.uuid, _NONE)
             why = slice_blocker(
@@ -113,7 +112,7 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
                 extra_best_effort=e[3],
             )
             if why is not None:
-                blocked[why] += 1
+                blocked[why] = blocked.get(why, 0) + 1
                 continue
             candidates.append((role_rank(u, pod), rank(u, mem, cores, pod), dev.index, u, mem, cores))
         if len(candidates) < req.count:

@@ -23,6 +23,16 @@ from vgpu.state import ClusterState, GpuUsage
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 _CACHED_SHAPES = 256
+_INCREMENTAL_LIMIT = 256  # beyond this many changed nodes a full pass is as cheap
+
+
+@dataclass(slots=True)
+class _Memo:
+    names: list[str]
+    name_set: set[str]
+    version: int
+    evaluation: Evaluation
+    subset: tuple[list[str], Evaluation] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,8 @@ class Evaluation:
     feasible: dict[str, NodeResult] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)  # fine score of each feasible node
+    priorities: dict[str, int] | None = None  # filled lazily by Planner.priorities
 
     def best(self) -> tuple[str, NodeResult] | None:
         if not self.feasible:
@@ -59,11 +71,12 @@ def to_priorities(scores: dict[str, float]) -> dict[str, int]:
     """Map fine scores onto kube-scheduler's integer 0..10 (min-max over the feasible nodes)."""
     if not scores:
         return {}
-    lo, hi = min(scores.values()), max(scores.values())
+    values = scores.values()
+    lo, hi = min(values), max(values)
     if hi - lo < 1e-12:
         return dict.fromkeys(scores, MAX_PRIORITY)
-    span = hi - lo
-    return {n: round(MAX_PRIORITY * (s - lo) / span) for n, s in scores.items()}
+    k = MAX_PRIORITY / (hi - lo)
+    return {n: int((s - lo) * k + 0.5) for n, s in scores.items()}
 
 
 class Planner:
@@ -72,6 +85,7 @@ class Planner:
         self.config = state.config
         self._policies: dict[str, NodePolicy] = {}
         self._cache: OrderedDict[tuple[object, ...], dict[str, tuple[int, NodeResult]]] = OrderedDict()
+        self._memo: OrderedDict[tuple[object, ...], _Memo] = OrderedDict()
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -104,6 +118,9 @@ class Planner:
         node = self.state.nodes.get(node_name)
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
+        node_rank = getattr(policy, "node_gpu_rank", None)  # optional: see NodeAwareRank
+        if node_rank is not None and rank == policy.gpu_rank:
+            rank = node_rank(node, pod)  # the policy orders GPUs knowing the whole node
         fit = fit_node(node, pod, self.config, rank)
         if isinstance(fit, FitFailure):
             return NodeResult(None, failure=fit)
@@ -111,9 +128,13 @@ class Planner:
         return NodeResult(fit, score=score)
 
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
-        """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation."""
+        """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
+
+        The result is shared with later calls (treat it as read-only): asking again for the same shape
+        and node list returns it as is when nothing changed, or patched for just the nodes that did.
+        """
         policy, rank = self._resolve(pod)
-        names = self.state.nodes.keys() if node_names is None else node_names
+        names = list(self.state.nodes) if node_names is None else list(node_names)
         key = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
         cache = self._cache.get(key)
         if cache is None:
@@ -122,27 +143,95 @@ class Planner:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        nodes = self.state.nodes
+        memo = self._memo.get(key)
+        if memo is not None:
+            self._memo.move_to_end(key)
+            if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
+                memo = None
+        if memo is not None:
+            if memo.names == names:
+                return memo.evaluation
+            if memo.subset is not None and memo.subset[0] == names:
+                return memo.subset[1]
+            if memo.name_set.issuperset(names):
+                # e.g. /prioritize after /filter: the same pod, the nodes that passed.
+                full = memo.evaluation
+                sub = Evaluation()
+                for name in names:
+                    if name in full.feasible:
+                        sub.feasible[name] = full.feasible[name]
+                        sub.scores[name] = full.scores[name]
+                    elif name in full.failed:
+                        sub.failed[name] = full.failed[name]
+                    else:
+                        sub.unresolvable[name] = full.unresolvable[name]
+                if len(sub.feasible) == len(full.feasible):
+                    sub.priorities = self.priorities(full)  # same feasible set, same min-max scaling
+                memo.subset = (names, sub)
+                return sub
         out = Evaluation()
         for name in names:
-            node = nodes.get(name)
-            hit = cache.get(name)
-            if node is not None and hit is not None and hit[0] == node.version:
-                result = hit[1]
-            else:
-                result = self._evaluate(name, pod, policy, rank)
-                if node is not None:
-                    cache[name] = (node.version, result)
-            if result.failure is None:
-                out.feasible[name] = result
-            elif result.failure.unresolvable:
-                out.unresolvable[name] = result.failure.reason
-            else:
-                out.failed[name] = result.failure.reason
+            self._record(out, name, self._cached(cache, name, pod, policy, rank))
+        self._memo[key] = _Memo(names, set(names), self.state.version, out)
+        if len(self._memo) > _CACHED_SHAPES:
+            self._memo.popitem(last=False)
         return out
 
+    def _refresh(
+        self, memo: _Memo, cache: dict[str, tuple[int, NodeResult]], pod: PodInfo, policy: NodePolicy, rank: GpuRank
+    ) -> bool:
+        """Bring a memoised evaluation up to date by re-evaluating only the nodes that changed."""
+        changed = self.state.changed_since(memo.version)
+        if changed is None or len(changed) > _INCREMENTAL_LIMIT:
+            return False
+        prev = memo.evaluation
+        out = Evaluation(dict(prev.feasible), dict(prev.failed), dict(prev.unresolvable), dict(prev.scores))
+        for name in changed & memo.name_set:
+            out.feasible.pop(name, None)
+            out.scores.pop(name, None)
+            out.failed.pop(name, None)
+            out.unresolvable.pop(name, None)
+            self._record(out, name, self._cached(cache, name, pod, policy, rank))
+        if prev.priorities is not None and out.scores and prev.scores:
+            # Priorities are min-max scaled: unchanged extremes mean only the changed nodes move.
+            lo, hi = min(out.scores.values()), max(out.scores.values())
+            if lo == min(prev.scores.values()) and hi == max(prev.scores.values()) and hi - lo >= 1e-12:
+                prios = dict(prev.priorities)
+                k = MAX_PRIORITY / (hi - lo)
+                for name in changed & memo.name_set:
+                    prios.pop(name, None)
+                    if name in out.scores:
+                        prios[name] = int((out.scores[name] - lo) * k + 0.5)
+                out.priorities = prios
+        memo.version, memo.evaluation, memo.subset = self.state.version, out, None
+        return True
+
+    def _cached(
+        self, cache: dict[str, tuple[int, NodeResult]], name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank
+    ) -> NodeResult:
+        node = self.state.nodes.get(name)
+        hit = cache.get(name)
+        if node is not None and hit is not None and hit[0] == node.version:
+            return hit[1]
+        result = self._evaluate(name, pod, policy, rank)
+        if node is not None:
+            cache[name] = (node.version, result)
+        return result
+
+    @staticmethod
+    def _record(out: Evaluation, name: str, result: NodeResult) -> None:
+        if result.failure is None:
+            out.feasible[name] = result
+            out.scores[name] = result.score
+        elif result.failure.unresolvable:
+            out.unresolvable[name] = result.failure.reason
+        else:
+            out.failed[name] = result.failure.reason
+
     def priorities(self, evaluation: Evaluation) -> dict[str, int]:
-        return to_priorities({n: r.score for n, r in evaluation.feasible.items()})
+        if evaluation.priorities is None:
+            evaluation.priorities = to_priorities(evaluation.scores)
+        return evaluation.priorities
 
     def narrow(self, evaluation: Evaluation) -> Evaluation:
         """Keep only the best-scored tier; the rest become failed with a reason naming why."""
@@ -154,6 +243,7 @@ class Planner:
         for name, result in evaluation.feasible.items():
             if prios[name] == top:
                 out.feasible[name] = result
+                out.scores[name] = result.score
             else:
                 out.failed[name] = f"fits, but scored {prios[name]}/{MAX_PRIORITY} below the best tier (narrow filter)"
         return out

@@ -25,11 +25,14 @@ class Role(enum.StrEnum):
     @property
     def does_prefill(self) -> bool:
         """Compute-bound roles whose SMs must never be oversubscribed."""
-        return self in (Role.PREFILL, Role.ENCODE_PREFILL)
+        return self in _PREFILL_ROLES
 
     @property
     def does_decode(self) -> bool:
         return self is Role.DECODE
+
+
+_PREFILL_ROLES = frozenset({Role.PREFILL, Role.ENCODE_PREFILL})
 
 
 _LABEL_VALUES: dict[str, Role] = {r.value: r for r in Role} | {"both": Role.PREFILL_DECODE}

@@ -151,6 +151,30 @@ class ClusterState:
         # Assignments that the apiserver holds but that violate the limits (reported, never applied).
         self.conflicts: dict[str, str] = {}
         self.version = 0
+        # (state version after the change, node name): lets callers refresh only what changed.
+        self._changes: list[tuple[int, str]] = []
+
+    _CHANGE_LOG = 4096
+
+    def _changed(self, node: str) -> None:
+        self.version += 1
+        self._changes.append((self.version, node))
+        if len(self._changes) > 2 * self._CHANGE_LOG:
+            del self._changes[: self._CHANGE_LOG]
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """Nodes changed after `version`; None when the log no longer reaches back that far."""
+        if version == self.version:
+            return set()
+        changes = self._changes
+        if not changes or changes[0][0] > version + 1:
+            return None
+        out: set[str] = set()
+        for v, node in reversed(changes):
+            if v <= version:
+                break
+            out.add(node)
+        return out
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -163,7 +187,7 @@ class ClusterState:
         # repeats a version a cache may still hold (node versions never exceed the cluster's).
         node.version = self.version + 1
         self.nodes[inventory.name] = node
-        self.version += 1
+        self._changed(inventory.name)
         pending = dict(old.pods) if old else {}
         pending.update({k: a for k, a in self.orphans.items() if a.node == inventory.name})
         for key, a in pending.items():
@@ -175,7 +199,7 @@ class ClusterState:
         node = self.nodes.pop(name, None)
         if node is None:
             return
-        self.version += 1
+        self._changed(name)
         for key, a in node.pods.items():
             self.assignments.pop(key, None)
             self.orphans[key] = a
@@ -253,7 +277,7 @@ class ClusterState:
         node.version += 1
         self.assignments[pod_key] = a
         self._host[pod_key] = host
-        self.version += 1
+        self._changed(a.node)
 
     def release(self, pod_key: str) -> Assignment | None:
         """Free a pod's slices; idempotent (None when the pod held nothing)."""
@@ -274,7 +298,7 @@ class ClusterState:
         if node.role_models[(a.role, a.model)] <= 0:
             del node.role_models[(a.role, a.model)]
         node.version += 1
-        self.version += 1
+        self._changed(a.node)
         return a
 
     # -- views --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ temporary file, fsync, rename), so allocations survive a restart of the extender
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -23,7 +24,10 @@ from vgpu.state import ClusterState
 def load_cluster_file(path: Path, state: ClusterState) -> list[NodeInventory]:
     """Fill `state` from the file; raises ClusterFileError/CapacityError with the problem named."""
     with path.open("rb") as fh:
-        doc = yaml.safe_load(fh) or {}
+        if path.suffix == ".json":
+            doc = json.load(fh)
+        else:
+            doc = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     nodes, allocations = parse_cluster(doc)
     for inv in nodes:
         state.upsert_node(inv)
@@ -74,7 +78,10 @@ class FileBinder:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             try:
                 with os.fdopen(fd, "w") as fh:
-                    yaml.safe_dump(doc, fh, sort_keys=False)
+                    if target.suffix == ".json":
+                        json.dump(doc, fh)
+                    else:
+                        yaml.dump(doc, fh, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, target)

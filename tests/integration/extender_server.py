@@ -24,11 +24,26 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_extender(
-    *args: str, cert: tuple[Path, Path] | None = None, ca: Path | None = None, env: dict[str, str] | None = None
+    *args: str,
+    cert: tuple[Path, Path] | None = None,
+    ca: Path | None = None,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+    startup_timeout: float = 20,
 ) -> Iterator[str]:
     """Yield the base URL of a running extender; the process is terminated (then killed) on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "scheduler_extender.main", "--address", "127.0.0.1", "--port", str(port), *args]
+    cmd = [
+        *(prefix or []),
+        sys.executable,
+        "-m",
+        "scheduler_extender.main",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
     scheme = "http"
     if cert is not None:
         cmd += ["--tls-cert-file", str(cert[0]), "--tls-key-file", str(cert[1])]
@@ -43,7 +58,7 @@ def running_extender(
     url = f"{scheme}://127.0.0.1:{port}"
     verify: bool | ssl.SSLContext = ssl.create_default_context(cafile=str(ca)) if ca is not None else False
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None:
                 out = proc.stdout.read().decode() if proc.stdout else ""
@@ -54,7 +69,7 @@ def running_extender(
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("extender did not become healthy within 20 s")
+                raise RuntimeError(f"extender did not become healthy within {startup_timeout} s")
             time.sleep(0.1)
         yield url
     finally:

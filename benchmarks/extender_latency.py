@@ -1,0 +1,171 @@
+"""Extender latency and throughput over real HTTP on a 5,000-node x 8-GPU cluster at ~50 % occupancy.
+
+Each pod is one kube-scheduler cycle: POST /filter (nodeCacheCapable: 5,000 NodeNames), POST
+/prioritize with the surviving names, then POST /bind to the best-scored node so the state keeps
+changing as it would in a real cluster. The server is pinned to one core (taskset) when possible.
+
+Baselines measured in the same run: GET /healthz (bare HTTP round trip) and a /filter + /prioritize of
+a pod that asks for no GPU (HTTP + JSON of 5,000 names, no placement work). Targets (issue 2):
+filter+prioritize p50 <= 5 ms, p99 <= 20 ms, >= 200 pods/s on one core.
+
+    python benchmarks/extender_latency.py [--nodes 5000] [--pods 1000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.integration.extender_server import running_extender  # noqa: E402
+
+GPU_MEM = 81920
+FILLS = (0, 25, 50, 75, 100)  # mean 50 % per GPU
+SHAPES = ((10, 10), (20, 20), (25, 30), (40, 40), (50, 50))
+ROLES = ("prefill", "decode", "decode", None)
+
+
+def make_cluster(nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
+    node_list = [
+        {"name": f"node-{n:05d}", "gpuTemplate": {"count": gpus, "model": "H100-80GB", "memoryMiB": GPU_MEM}}
+        for n in range(nodes)
+    ]
+    allocations = []
+    for n in range(nodes):
+        for i in range(gpus):
+            fill = rng.choice(FILLS)
+            if fill:
+                dev = {"uuid": f"GPU-node-{n:05d}-{i}", "index": i, "memoryMiB": GPU_MEM * fill // 100, "cores": fill}
+                allocations.append(
+                    {
+                        "pod": f"bg/pod-{n}-{i}",
+                        "assignment": {"node": f"node-{n:05d}", "role": "decode", "containers": [{"name": "c", "devices": [dev]}]},
+                    }
+                )
+    return {"version": "v1", "nodes": node_list, "allocations": allocations}
+
+
+def make_pod(i: int, rng: random.Random, *, gpu: bool = True) -> dict[str, Any]:
+    mem, cores = rng.choice(SHAPES)
+    role = rng.choice(ROLES)
+    labels = {"llm-d.ai/model": f"model-{i % 3}"} | ({"llm-d.ai/role": role} if role else {})
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": str(mem), "nvidia.com/gpucores": str(cores)}
+    return {
+        "metadata": {"name": f"bench-{i}", "namespace": "bench", "uid": str(uuid.uuid4()), "labels": labels},
+        "spec": {"containers": [{"name": "vllm", "resources": {"limits": limits if gpu else {"cpu": "1"}}}]},
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def cycle(client: httpx.Client, url: str, pod: dict[str, Any], names: list[str], *, bind: bool) -> tuple[float, float, float]:
+    t0 = time.perf_counter()
+    f = client.post(f"{url}/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}).json()
+    t1 = time.perf_counter()
+    feasible = f["NodeNames"]
+    prios = client.post(f"{url}/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": feasible}).json()
+    t2 = time.perf_counter()
+    if bind and prios:
+        best = max(prios, key=lambda h: h["Score"])["Host"]
+        m = pod["metadata"]
+        r = client.post(f"{url}/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": best})
+        assert r.json()["Error"] == "", r.json()
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--pods", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--policy", default="default")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cluster.json"
+        doc = make_cluster(args.nodes, args.gpus, rng)
+        path.write_text(json.dumps(doc))
+        names = [n["name"] for n in doc["nodes"]]
+        used = sum(a["assignment"]["containers"][0]["devices"][0]["cores"] for a in doc["allocations"])
+        occupancy = used / (100 * args.nodes * args.gpus)
+        pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+        t_start = time.perf_counter()
+        with running_extender("--source", "file", "--cluster-file", str(path), "--node-policy", args.policy, prefix=pin, startup_timeout=300) as url, httpx.Client(timeout=30) as client:
+            startup = time.perf_counter() - t_start
+            health = []
+            for _ in range(300):
+                t = time.perf_counter()
+                client.get(f"{url}/healthz")
+                health.append(time.perf_counter() - t)
+            noop = []
+            for i in range(200):
+                f, p, _ = cycle(client, url, make_pod(10**6 + i, rng, gpu=False), names, bind=False)
+                noop.append(f + p)
+            cold = []
+            for i, _ in enumerate(SHAPES * len(ROLES)):
+                f, p, _ = cycle(client, url, make_pod(10**7 + i, rng), names, bind=False)
+                cold.append(f + p)
+            fp, filt, prio, binds = [], [], [], []
+            t_run = time.perf_counter()
+            for i in range(args.pods):
+                f, p, b = cycle(client, url, make_pod(i, rng), names, bind=True)
+                fp.append(f + p)
+                filt.append(f)
+                prio.append(p)
+                binds.append(b)
+            wall = time.perf_counter() - t_run
+    ms = 1000.0
+    res = {
+        "nodes": args.nodes, "gpus_per_node": args.gpus, "occupancy": round(occupancy, 3), "pods": args.pods,
+        "policy": args.policy, "server_pinned_to_one_core": bool(pin), "startup_s": round(startup, 2),
+        "healthz_p50_ms": statistics.median(health) * ms,
+        "noop_filter_prioritize_p50_ms": statistics.median(noop) * ms,
+        "cold_shape_p50_ms": statistics.median(cold) * ms,
+        "filter_p50_ms": statistics.median(filt) * ms, "prioritize_p50_ms": statistics.median(prio) * ms,
+        "filter_prioritize_p50_ms": statistics.median(fp) * ms, "filter_prioritize_p99_ms": pct(fp, 99) * ms,
+        "bind_p50_ms": statistics.median(binds) * ms,
+        "pods_per_s_filter_prioritize": len(fp) / sum(fp), "pods_per_s_full_cycle": args.pods / wall,
+    }
+    res["ratio_p50_vs_noop"] = res["filter_prioritize_p50_ms"] / res["noop_filter_prioritize_p50_ms"]
+    res["ratio_p50_vs_healthz"] = res["filter_prioritize_p50_ms"] / res["healthz_p50_ms"]
+    targets = {
+        "p50 <= 5 ms": res["filter_prioritize_p50_ms"] <= 5,
+        "p99 <= 20 ms": res["filter_prioritize_p99_ms"] <= 20,
+        ">= 200 pods/s": res["pods_per_s_filter_prioritize"] >= 200,
+    }
+    print(f"extender latency: {args.nodes} nodes x {args.gpus} GPUs, occupancy {occupancy:.0%}, {args.pods} pods, policy {args.policy}")
+    print(f"  server startup (load cluster file)      {startup:8.2f} s")
+    print(f"  baseline GET /healthz             p50 {res['healthz_p50_ms']:8.3f} ms")
+    print(f"  baseline no-GPU filter+prioritize p50 {res['noop_filter_prioritize_p50_ms']:8.3f} ms")
+    print(f"  cold shape (first pod of a shape) p50 {res['cold_shape_p50_ms']:8.3f} ms")
+    print(f"  filter                            p50 {res['filter_p50_ms']:8.3f} ms")
+    print(f"  prioritize                        p50 {res['prioritize_p50_ms']:8.3f} ms")
+    print(f"  filter+prioritize                 p50 {res['filter_prioritize_p50_ms']:8.3f} ms   p99 {res['filter_prioritize_p99_ms']:8.3f} ms")
+    print(f"  bind                              p50 {res['bind_p50_ms']:8.3f} ms")
+    print(f"  throughput filter+prioritize {res['pods_per_s_filter_prioritize']:8.1f} pods/s; full cycle incl. bind {res['pods_per_s_full_cycle']:8.1f} pods/s")
+    print(f"  ratio p50 vs no-GPU baseline {res['ratio_p50_vs_noop']:.2f}x, vs /healthz {res['ratio_p50_vs_healthz']:.2f}x")
+    for name, ok in targets.items():
+        print(f"  target {name:<14} {'PASS' if ok else 'FAIL'}")
+    if args.json:
+        args.json.write_text(json.dumps(res | {"targets": targets}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
