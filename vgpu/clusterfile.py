@@ -21,9 +21,9 @@ Parsing takes the already-loaded document (a mapping), so the core stays free of
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.devices import DEFAULT_SPLIT_COUNT, GpuDevice, NodeInventory
@@ -35,36 +35,45 @@ class ClusterFileError(VgpuError):
     """The cluster file is malformed; the message names the path of the bad field."""
 
 
+def _not_bool(value: object) -> object:
+    if isinstance(value, bool):  # YAML `yes`/`true` would otherwise read as the integer 1
+        raise ValueError("expected an integer, got a boolean")
+    return value
+
+
+_Int = Annotated[int, BeforeValidator(_not_bool)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
 class GpuSpec(_Model):
     uuid: str = Field(min_length=1)
-    index: int = Field(ge=0)
+    index: _Int = Field(ge=0)
     model: str
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    cores: int = Field(default=100, ge=1, le=100)
-    split: int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
-    numa: int | None = None
+    memory_mib: _Int = Field(alias="memoryMiB", gt=0)
+    cores: _Int = Field(default=100, ge=1, le=100)
+    split: _Int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
+    numa: _Int | None = None
     healthy: bool = True
     nvlink: list[str] = Field(default_factory=list)
 
 
 class GpuTemplate(_Model):
-    count: int = Field(ge=1, le=64)
+    count: _Int = Field(ge=1, le=64)
     model: str
-    memory_mib: int = Field(alias="memoryMiB", gt=0)
-    cores: int = Field(default=100, ge=1, le=100)
-    split: int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
-    numa_nodes: int = Field(default=1, alias="numaNodes", ge=1)
+    memory_mib: _Int = Field(alias="memoryMiB", gt=0)
+    cores: _Int = Field(default=100, ge=1, le=100)
+    split: _Int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
+    numa_nodes: _Int = Field(default=1, alias="numaNodes", ge=1)
     nvlink: Literal["all", "none"] = "none"
 
 
 class NodeSpec(_Model):
     name: str = Field(min_length=1)
-    cpu_milli: int = Field(default=0, alias="cpuMilli", ge=0)
-    memory_mib: int = Field(default=0, alias="memoryMiB", ge=0)
+    cpu_milli: _Int = Field(default=0, alias="cpuMilli", ge=0)
+    memory_mib: _Int = Field(default=0, alias="memoryMiB", ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec] = Field(default_factory=list)
     gpu_template: GpuTemplate | None = Field(default=None, alias="gpuTemplate")
@@ -78,9 +87,9 @@ class NodeSpec(_Model):
 
 class SliceSpec(_Model):
     uuid: str
-    index: int = Field(ge=0)
-    memory_mib: int = Field(alias="memoryMiB", ge=0)
-    cores: int = Field(ge=0, le=100)
+    index: _Int = Field(ge=0)
+    memory_mib: _Int = Field(alias="memoryMiB", ge=0)
+    cores: _Int = Field(ge=0, le=100)
 
 
 class ContainerSpec(_Model):
