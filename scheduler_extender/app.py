@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from scheduler_extender import schema
 from scheduler_extender.service import BadRequest, ExtenderService
+from vgpu.clusterfile import dump_cluster
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024 * 1024
@@ -75,6 +76,13 @@ def create_app(service: ExtenderService) -> Starlette:
             return PlainTextResponse("ok")
         return PlainTextResponse("state not synced yet", status_code=503)
 
+    async def state(request: Request) -> Response:
+        """Who holds which slice, in the cluster-file format (`vgpu show` reads it)."""
+        with service.lock:
+            nodes = [n.inventory for n in service.state.nodes.values()]
+            doc = dump_cluster(nodes, sorted(service.state.assignments.items()))
+        return _json(doc)
+
     async def metrics(request: Request) -> Response:
         with service.lock:
             body = generate_latest(service.metrics.registry)
@@ -87,5 +95,6 @@ def create_app(service: ExtenderService) -> Starlette:
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
+        Route("/state", state),
     ]
     return Starlette(routes=routes)

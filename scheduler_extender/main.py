@@ -8,6 +8,7 @@ import os
 import ssl
 import sys
 import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig path (default: in-cluster config)")
     p.add_argument("--node-policy", help="node placement policy (default 'default')")
     p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
+    p.add_argument("--bind-grace-seconds", type=float, help="reservation lifetime of a bind without Binding (30)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["text", "json"])
@@ -60,7 +62,7 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
 def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
     """The service plus, for the kube source, the running source (so callers can stop it)."""
     state = ClusterState(s.placement())
-    options = ServiceOptions(names=s.resource_names(), narrow_filter=s.narrow_filter)
+    options = ServiceOptions(names=s.resource_names(), narrow_filter=s.narrow_filter, bind_grace_s=s.bind_grace_seconds)
     lock = threading.RLock()
     if s.source == "file":
         from scheduler_extender.sources.file import FileBinder, load_cluster_file
@@ -84,7 +86,16 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
     service = ExtenderService(state, KubeBinder(api), options=options, lock=lock)
     source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)
     source.start()
+    reaper = threading.Thread(target=_reap, args=(service, s.bind_grace_seconds / 4), name="reaper", daemon=True)
+    reaper.start()
     return service, source
+
+
+def _reap(service: ExtenderService, interval: float) -> None:
+    """Expire reservations of binds that never completed, also while no pod is being scheduled."""
+    while True:
+        time.sleep(interval)
+        service.expire_unbound()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ class ServiceOptions:
     names: ResourceNames = ResourceNames()
     defaults: RequestDefaults = RequestDefaults()
     narrow_filter: bool = False
+    bind_grace_s: float = 30.0
 
 
 class BadRequest(ValueError):
@@ -57,7 +58,12 @@ class ExtenderService:
         self.metrics = metrics or ExtenderMetrics(state)
         self.lock = lock or threading.RLock()
         self.inflight: set[str] = set()
-        self.sync = StateSync(state, is_inflight=self.inflight.__contains__, on_problem=self.metrics.problem)
+        self.sync = StateSync(
+            state,
+            is_inflight=self.inflight.__contains__,
+            on_problem=self.metrics.problem,
+            bind_grace_s=options.bind_grace_s,
+        )
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.ready = threading.Event()
 
@@ -76,6 +82,8 @@ class ExtenderService:
                 self._recent.popitem(last=False)
 
     def _evaluate(self, info: PodInfo, names: list[str]) -> Evaluation:
+        if self.sync.unbound:
+            self.sync.expire_unbound()
         held = info.key in self.state.assignments or info.key in self.state.orphans
         if held and not info.node_name and info.key not in self.inflight:
             # Being scheduled again, so a previous bind of it failed: its reservation is stale.
@@ -213,8 +221,26 @@ class ExtenderService:
         with self.lock:
             self.inflight.discard(key)
         self.metrics.bound(time.perf_counter() - started)
-        log.info("bound", extra={"pod": key, "node": args.Node, "slices": assignment.slices() if assignment else []})
+        slices = [f"{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in assignment.slices()] if assignment else []
+        log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
         return schema.binding_result()
+
+    def _bind_checked(self, args: schema.ExtenderBindingArgs, uid: str) -> None:
+        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have)."""
+        try:
+            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, node=args.Node)
+        except Exception:
+            try:
+                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+            except Exception:
+                pod = None
+            if pod is None or (pod.get("spec") or {}).get("nodeName") != args.Node:
+                raise
+            log.info("binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"})
+
+    def expire_unbound(self) -> None:
+        with self.lock:
+            self.sync.expire_unbound()
 
     def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
         self.metrics.bind_failure()

@@ -49,6 +49,9 @@ class ExtenderSettings(BaseModel):
         default=None, description="GPU order inside a node; unset = the node policy's own"
     )
     narrow_filter: bool = Field(default=False, description="filter returns only the best-scored tier")
+    bind_grace_seconds: float = Field(
+        default=30.0, gt=0, description="how long an assignment without a Binding keeps its slices reserved"
+    )
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"

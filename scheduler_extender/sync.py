@@ -8,6 +8,7 @@ exactly the state a previous extender had.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -35,10 +36,16 @@ class StateSync:
         *,
         is_inflight: Callable[[str], bool] = lambda key: False,
         on_problem: Callable[[str, str], None] = lambda kind, msg: None,
+        bind_grace_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
         self._is_inflight = is_inflight
         self._problem = on_problem
+        self.bind_grace_s = bind_grace_s
+        self.clock = clock
+        # Assignments written by a bind whose Binding we have not seen: key -> when they stop counting.
+        self.unbound: dict[str, float] = {}
 
     # -- nodes ----------------------------------------------------------------------------------
 
@@ -74,6 +81,7 @@ class StateSync:
         key = pod_key(pod)
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in TERMINAL_PHASES:
+            self.unbound.pop(key, None)
             self.state.release(key)
             return
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -89,8 +97,20 @@ class StateSync:
             return
         if bind_phase is ann.BindPhase.FAILED:
             if not self._is_inflight(key):
+                self.unbound.pop(key, None)
                 self.state.release(key)
             return
+        if (pod.get("spec") or {}).get("nodeName"):
+            self.unbound.pop(key, None)
+        elif not self._is_inflight(key):
+            # Written by a bind that has not (yet) created the Binding: it may still land, so the
+            # slices stay reserved — but only for the bind grace, never as a lock that outlives it.
+            deadline = self._bind_time(annotations) + self.bind_grace_s
+            if deadline <= self.clock():
+                self.unbound.pop(key, None)
+                self.state.release(key)
+                return
+            self.unbound[key] = deadline
         current = self.state.assignments.get(key) or self.state.orphans.get(key)
         if current == assignment:
             return
@@ -105,6 +125,24 @@ class StateSync:
             self._problem("conflict", str(exc))
             log.error("assignment in the apiserver over-commits a GPU", extra={"pod": key, "error": str(exc)})
 
+    @staticmethod
+    def _bind_time(annotations: Mapping[str, Any]) -> float:
+        try:
+            return float(annotations.get(ann.POD_BIND_TIME, 0))
+        except (TypeError, ValueError):
+            return 0.0
+
+    def expire_unbound(self) -> list[str]:
+        """Release reservations of binds that never completed within the grace; returns their pods."""
+        now = self.clock()
+        expired = [k for k, deadline in self.unbound.items() if deadline <= now and not self._is_inflight(k)]
+        for key in expired:
+            del self.unbound[key]
+            if self.state.assignments.get(key) is not None or key in self.state.orphans:
+                self.state.release(key)
+                log.info("released the reservation of a bind that never completed", extra={"pod": key})
+        return expired
+
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A relist: apply every pod, then release what the list no longer holds."""
         seen: set[str] = set()
@@ -114,4 +152,5 @@ class StateSync:
         held = list(self.state.assignments) + list(self.state.orphans)
         for key in held:
             if key not in seen and not self._is_inflight(key):
+                self.unbound.pop(key, None)
                 self.state.release(key)

@@ -1,0 +1,361 @@
+"""The real kube-scheduler calls our extender over HTTPS and binds through it (issue 3).
+
+The extender runs as its own process with the RBAC of deploy/manifests/extender.yaml; kube-scheduler
+runs the shipped deploy/scheduler/kube-scheduler-config.yaml with only the URL and CA filled in.
+Every check reads the truth back from the apiserver (pod annotations) and compares it with the
+extender's own view (GET /state).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import concurrent.futures
+import json
+import signal
+import ssl
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.e2e.controlplane import ControlPlane, ManagedProcess, free_port
+from vgpu import annotations as ann
+from vgpu.devices import GpuDevice
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_MEM = 81920
+SPLIT = 10
+SCHEDULER = "vgpu-scheduler"
+BIND_GRACE_S = 8.0
+
+
+def _inventory(node: str, gpus: int) -> str:
+    return ann.encode_inventory(
+        [
+            GpuDevice(uuid=f"GPU-{node}-{i}", index=i, model="H100-80GB", memory_mib=GPU_MEM, split_count=SPLIT, numa=0)
+            for i in range(gpus)
+        ]
+    )
+
+
+class Extender:
+    """`vgpu-extender --source kube` as a managed process, restartable mid-test."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        rbac = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
+        role = next(d for d in rbac if d["kind"] == "ClusterRole")
+        rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
+        rbac_api.create_cluster_role(role)
+        rbac_api.create_cluster_role_binding(
+            {
+                "metadata": {"name": "vgpu-extender-e2e"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role["metadata"]["name"],
+                },
+                "subjects": [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}],
+            }
+        )
+        self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
+        self.cert, self.key = cp.issue_server_cert("vgpu-extender")
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ctx = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
+        self.proc: ManagedProcess | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        argv = [
+            sys.executable,
+            "-m",
+            "scheduler_extender.main",
+            "--source",
+            "kube",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.cert),
+            "--tls-key-file",
+            str(self.key),
+            "--log-format",
+            "json",
+        ]
+        self.proc = self.cp.spawn(f"vgpu-extender-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/readyz", raw=True) == b"ok":
+                    return
+            except OSError:
+                pass
+            if not self.proc.alive():
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"extender not ready:\n{self.proc.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, exactly like a crashed or OOM-killed pod."""
+        assert self.proc is not None
+        self.proc.popen.send_signal(signal.SIGKILL)
+        self.proc.popen.wait(10)
+
+    def get(self, path: str, *, raw: bool = False) -> Any:
+        with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
+            body = r.read()
+        return body if raw else json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
+    ext = Extender(control_plane)
+    ext.start()
+    config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    config.pop("leaderElection", None)
+    config["podInitialBackoffSeconds"] = 1
+    config["podMaxBackoffSeconds"] = 2
+    for e in config["extenders"]:
+        e["urlPrefix"] = ext.url
+        e["tlsConfig"]["caData"] = base64.b64encode(control_plane.ca.cert_pem).decode()
+    control_plane.start_scheduler(yaml.safe_dump(config))
+    try:
+        yield control_plane, ext
+    finally:
+        control_plane.stop_scheduler()
+        if ext.proc is not None:
+            control_plane.stop_process(ext.proc)
+
+
+def _nodes(cp: ControlPlane, prefix: str, count: int, gpus: int) -> dict[str, str]:
+    """Nodes carrying the device plugin's inventory annotation; returns the nodeSelector that picks them."""
+    selector = {"kube-vgpu.e2e/group": prefix}
+    for i in range(count):
+        name = f"{prefix}-{i:02d}"
+        cp.add_node(
+            name,
+            {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(gpus * SPLIT)},
+            labels=selector,
+            annotations={ann.NODE_INVENTORY: _inventory(name, gpus)},
+        )
+    return selector
+
+
+def _pod(name: str, selector: dict[str, str], limits: dict[str, str], **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **meta},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "nodeSelector": selector,
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def _slice(mem_pct: int, cores: int) -> dict[str, str]:
+    return {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": str(mem_pct), "nvidia.com/gpucores": str(cores)}
+
+
+def _wait_settled(core: client.CoreV1Api, namespace: str, names: list[str], timeout: float = 120) -> dict[str, Any]:
+    """Wait until every pod is bound or reported unschedulable and the bound set has been stable for 3 s.
+
+    Stability matters: a pod whose bind lost a race is retried by kube-scheduler and may still land."""
+    deadline = time.monotonic() + timeout
+    last: tuple[frozenset[str], float] = (frozenset(), 0.0)
+    while True:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.metadata.name in names}
+        bound = frozenset(n for n, p in pods.items() if p.spec.node_name)
+        failed = {
+            e.involved_object.name
+            for e in core.list_namespaced_event(namespace).items
+            if e.reason == "FailedScheduling"
+        }
+        pending = [n for n in pods if n not in bound]
+        now = time.monotonic()
+        if bound != last[0]:
+            last = (bound, now)
+        if len(pods) == len(names) and all(n in failed for n in pending) and now - last[1] >= 3:
+            return pods
+        if now > deadline:
+            raise TimeoutError(f"{len(pending)} pods neither bound nor reported unschedulable: {pending[:10]}")
+        time.sleep(0.5)
+
+
+def _check_invariants(pods: dict[str, Any], ext: Extender) -> dict[str, int]:
+    """No GPU over memory/cores/split; annotations and bindings agree; the extender's state equals them."""
+    per_gpu: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    bound = 0
+    for name, p in pods.items():
+        a_raw = (p.metadata.annotations or {}).get(ann.POD_ASSIGNMENT)
+        if p.spec.node_name:
+            bound += 1
+            assert a_raw, f"{name} is bound to {p.spec.node_name} without an assignment"
+            a = ann.decode_assignment(a_raw)
+            assert a.node == p.spec.node_name, f"{name}: assignment on {a.node}, bound to {p.spec.node_name}"
+            for d in a.slices():
+                g = per_gpu[d.uuid]
+                g[0] += d.memory_mib
+                g[1] += d.cores
+                g[2] += 1
+    for uuid_, (mem, cores, sharers) in per_gpu.items():
+        assert mem <= GPU_MEM and cores <= 100 and sharers <= SPLIT, (
+            f"{uuid_} over-committed: {mem} MiB, {cores} %, {sharers}"
+        )
+    view = ext.get("/state")
+    mine = {
+        x["pod"].split("/", 1)[1]: x["assignment"]
+        for x in view["allocations"]
+        if x["pod"].split("/", 1)[0] == next(iter(pods.values())).metadata.namespace
+    }
+    from_api = {n: json.loads(p.metadata.annotations[ann.POD_ASSIGNMENT]) for n, p in pods.items() if p.spec.node_name}
+    for n, a in from_api.items():
+        assert n in mine, f"extender lost {n}"
+        got = [(d["uuid"], d["memoryMiB"], d["cores"]) for c in mine[n]["containers"] for d in c["devices"]]
+        want = [(d["uuid"], d["memoryMiB"], d["cores"]) for c in a["containers"] for d in c["devices"]]
+        assert got == want, f"{n}: extender holds {got}, apiserver says {want}"
+    extra = set(mine) - set(from_api)
+    assert not extra, f"extender holds slices for pods the apiserver has not bound: {sorted(extra)}"
+    return {
+        "bound": bound,
+        "gpus_used": len(per_gpu),
+        "max_sharers": max((s for _, _, s in per_gpu.values()), default=0),
+    }
+
+
+def test_fractional_pods_follow_binpack_and_spread(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
+    cp, _ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    tag = uuid.uuid4().hex[:5]
+    selector = _nodes(cp, f"bp-{tag}", 2, 2)
+    core.create_namespaced_pod(namespace, _pod("first", selector, _slice(25, 25)))
+    first = cp.wait_for_pod("first", namespace)
+    core.create_namespaced_pod(namespace, _pod("second", selector, _slice(25, 25)))
+    second = cp.wait_for_pod("second", namespace)
+    a1 = ann.decode_assignment(first.metadata.annotations[ann.POD_ASSIGNMENT])
+    a2 = ann.decode_assignment(second.metadata.annotations[ann.POD_ASSIGNMENT])
+    assert second.spec.node_name == first.spec.node_name  # binpack: the fuller node
+    assert a2.slices()[0].uuid == a1.slices()[0].uuid  # ... and the fuller GPU
+    assert a2.slices()[0].memory_mib == GPU_MEM // 4 and a2.slices()[0].cores == 25
+    assert second.metadata.annotations[ann.POD_BIND_PHASE] == "allocating"
+    spread = _pod("third", selector, _slice(25, 25), annotations={ann.POD_NODE_POLICY: "spread"})
+    core.create_namespaced_pod(namespace, spread)
+    third = cp.wait_for_pod("third", namespace)
+    assert third.spec.node_name != first.spec.node_name
+    print(
+        f"binpack: first+second on {first.spec.node_name} GPU {a1.slices()[0].index}; spread: third on {third.spec.node_name}"
+    )
+
+
+def test_pod_that_fits_nowhere_stays_pending_with_per_node_reasons(
+    vgpu: tuple[ControlPlane, Extender], namespace: str
+) -> None:
+    cp, _ = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = _nodes(cp, f"nf-{uuid.uuid4().hex[:5]}", 2, 2)
+    core.create_namespaced_pod(
+        namespace, _pod("huge", selector, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100000"})
+    )
+    deadline = time.monotonic() + 30
+    messages: list[str] = []
+    while time.monotonic() < deadline and not messages:
+        messages = [e.message for e in cp.pod_events("huge", namespace) if e.reason == "FailedScheduling"]
+        time.sleep(0.5)
+    assert messages, "no FailedScheduling event"
+    assert "0/" in messages[-1] and "card too small" in messages[-1] and "container 'vllm'" in messages[-1], messages[
+        -1
+    ]
+    assert not core.read_namespaced_pod("huge", namespace).spec.node_name
+    print(f"FailedScheduling: {messages[-1]}")
+
+
+def _burst(core: client.CoreV1Api, namespace: str, selector: dict[str, str], count: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    shapes = [(10, 10), (20, 20), (25, 30), (30, 40), (40, 50), (50, 50)]
+    roles = ["prefill", "decode", "decode", None]
+    names = []
+    bodies = []
+    for i in range(count):
+        mem, cores = rng.choice(shapes)
+        role = rng.choice(roles)
+        labels = {"llm-d.ai/model": f"m{i % 4}"} | ({"llm-d.ai/role": role} if role else {})
+        names.append(f"p{i:03d}")
+        bodies.append(_pod(names[-1], selector, _slice(mem, cores), labels=labels))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda b: core.create_namespaced_pod(namespace, b), bodies))
+    return names
+
+
+def test_200_pods_on_20_nodes_never_overcommit(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
+    cp, ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = _nodes(cp, f"burst-{uuid.uuid4().hex[:5]}", 20, 4)
+    t0 = time.monotonic()
+    names = _burst(core, namespace, selector, 200, seed=1)
+    pods = _wait_settled(core, namespace, names, timeout=180)
+    took = time.monotonic() - t0
+    stats = _check_invariants(pods, ext)
+    assert stats["bound"] >= 150, stats  # the mix needs ~62 of 80 GPUs
+    print(
+        f"200 pods / 20 nodes x 4 GPUs: {stats['bound']} bound on {stats['gpus_used']} GPUs, max {stats['max_sharers']} sharers, {took:.1f} s; invariants hold"
+    )
+
+
+def test_extender_killed_mid_burst_recovers_exact_state(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
+    cp, ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = _nodes(cp, f"crash-{uuid.uuid4().hex[:5]}", 10, 4)
+    names = _burst(core, namespace, selector, 100, seed=2)
+    deadline = time.monotonic() + 60
+    while sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) < 30:
+        assert time.monotonic() < deadline, "burst did not start binding"
+        time.sleep(0.1)
+    ext.kill()
+    bound_at_kill = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
+    time.sleep(2)  # kube-scheduler sees connection refused meanwhile and backs off
+    ext.start()
+    pods = _wait_settled(core, namespace, names, timeout=180)
+    time.sleep(BIND_GRACE_S + 2)  # reservations of binds cut short by the kill expire after the grace
+    pods = _wait_settled(core, namespace, names, timeout=60)
+    stats = _check_invariants(pods, ext)
+    stuck = [
+        n
+        for n, p in pods.items()
+        if not p.spec.node_name and (p.metadata.annotations or {}).get(ann.POD_BIND_PHASE) == "allocating"
+    ]
+    assert not stuck, f"pods left with a stale reservation: {stuck}"
+    assert stats["bound"] >= 90, stats
+    print(f"killed at {bound_at_kill}/100 bound, restarted; now {stats['bound']} bound, state equals annotations")
+
+
+def test_deleted_pod_frees_its_slice(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
+    cp, ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = _nodes(cp, f"del-{uuid.uuid4().hex[:5]}", 1, 1)
+    core.create_namespaced_pod(namespace, _pod("holder", selector, _slice(100, 100)))
+    holder = cp.wait_for_pod("holder", namespace)
+    uuid_ = ann.decode_assignment(holder.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid
+    core.create_namespaced_pod(namespace, _pod("waiter", selector, _slice(60, 60)))
+    time.sleep(3)
+    assert not core.read_namespaced_pod("waiter", namespace).spec.node_name
+    cp.delete_pod("holder", namespace)
+    waiter = cp.wait_for_pod("waiter", namespace, timeout=30)
+    assert ann.decode_assignment(waiter.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid == uuid_
+    held = [x for x in ext.get("/state")["allocations"] if x["pod"] == f"{namespace}/holder"]
+    assert held == []
