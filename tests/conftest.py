@@ -106,7 +106,7 @@ def make_info(
 
 def make_assignment(
     node: str,
-    slices: list[tuple[str, int, int]],
+    slices: list[tuple[int, int, int]],
     *,
     role: Role = Role.PREFILL_DECODE,
     model: str | None = None,

@@ -392,7 +392,7 @@ class ScaledStateMachine(StateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=50, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestStateMachine = StateMachine.TestCase
 TestStateMachine.settings = _SETTINGS
