@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.extender_server import running_extender  # noqa: E402
+from tests.integration.extender_server import running_extender
 
 GPU_MEM = 81920
 FILLS = (0, 25, 50, 75, 100)  # mean 50 % per GPU
@@ -50,7 +50,11 @@ def make_cluster(nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
                 allocations.append(
                     {
                         "pod": f"bg/pod-{n}-{i}",
-                        "assignment": {"node": f"node-{n:05d}", "role": "decode", "containers": [{"name": "c", "devices": [dev]}]},
+                        "assignment": {
+                            "node": f"node-{n:05d}",
+                            "role": "decode",
+                            "containers": [{"name": "c", "devices": [dev]}],
+                        },
                     }
                 )
     return {"version": "v1", "nodes": node_list, "allocations": allocations}
@@ -72,7 +76,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def cycle(client: httpx.Client, url: str, pod: dict[str, Any], names: list[str], *, bind: bool) -> tuple[float, float, float]:
+def cycle(
+    client: httpx.Client, url: str, pod: dict[str, Any], names: list[str], *, bind: bool
+) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     f = client.post(f"{url}/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}).json()
     t1 = time.perf_counter()
@@ -82,7 +88,9 @@ def cycle(client: httpx.Client, url: str, pod: dict[str, Any], names: list[str],
     if bind and prios:
         best = max(prios, key=lambda h: h["Score"])["Host"]
         m = pod["metadata"]
-        r = client.post(f"{url}/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": best})
+        r = client.post(
+            f"{url}/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": best}
+        )
         assert r.json()["Error"] == "", r.json()
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
@@ -106,7 +114,19 @@ def main() -> int:
         occupancy = used / (100 * args.nodes * args.gpus)
         pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
         t_start = time.perf_counter()
-        with running_extender("--source", "file", "--cluster-file", str(path), "--node-policy", args.policy, prefix=pin, startup_timeout=300) as url, httpx.Client(timeout=30) as client:
+        with (
+            running_extender(
+                "--source",
+                "file",
+                "--cluster-file",
+                str(path),
+                "--node-policy",
+                args.policy,
+                prefix=pin,
+                startup_timeout=300,
+            ) as url,
+            httpx.Client(timeout=30) as client,
+        ):
             startup = time.perf_counter() - t_start
             health = []
             for _ in range(300):
@@ -132,15 +152,23 @@ def main() -> int:
             wall = time.perf_counter() - t_run
     ms = 1000.0
     res = {
-        "nodes": args.nodes, "gpus_per_node": args.gpus, "occupancy": round(occupancy, 3), "pods": args.pods,
-        "policy": args.policy, "server_pinned_to_one_core": bool(pin), "startup_s": round(startup, 2),
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus,
+        "occupancy": round(occupancy, 3),
+        "pods": args.pods,
+        "policy": args.policy,
+        "server_pinned_to_one_core": bool(pin),
+        "startup_s": round(startup, 2),
         "healthz_p50_ms": statistics.median(health) * ms,
         "noop_filter_prioritize_p50_ms": statistics.median(noop) * ms,
         "cold_shape_p50_ms": statistics.median(cold) * ms,
-        "filter_p50_ms": statistics.median(filt) * ms, "prioritize_p50_ms": statistics.median(prio) * ms,
-        "filter_prioritize_p50_ms": statistics.median(fp) * ms, "filter_prioritize_p99_ms": pct(fp, 99) * ms,
+        "filter_p50_ms": statistics.median(filt) * ms,
+        "prioritize_p50_ms": statistics.median(prio) * ms,
+        "filter_prioritize_p50_ms": statistics.median(fp) * ms,
+        "filter_prioritize_p99_ms": pct(fp, 99) * ms,
         "bind_p50_ms": statistics.median(binds) * ms,
-        "pods_per_s_filter_prioritize": len(fp) / sum(fp), "pods_per_s_full_cycle": args.pods / wall,
+        "pods_per_s_filter_prioritize": len(fp) / sum(fp),
+        "pods_per_s_full_cycle": args.pods / wall,
     }
     res["ratio_p50_vs_noop"] = res["filter_prioritize_p50_ms"] / res["noop_filter_prioritize_p50_ms"]
     res["ratio_p50_vs_healthz"] = res["filter_prioritize_p50_ms"] / res["healthz_p50_ms"]
@@ -149,17 +177,25 @@ def main() -> int:
         "p99 <= 20 ms": res["filter_prioritize_p99_ms"] <= 20,
         ">= 200 pods/s": res["pods_per_s_filter_prioritize"] >= 200,
     }
-    print(f"extender latency: {args.nodes} nodes x {args.gpus} GPUs, occupancy {occupancy:.0%}, {args.pods} pods, policy {args.policy}")
+    print(
+        f"extender latency: {args.nodes} nodes x {args.gpus} GPUs, occupancy {occupancy:.0%}, {args.pods} pods, policy {args.policy}"
+    )
     print(f"  server startup (load cluster file)      {startup:8.2f} s")
     print(f"  baseline GET /healthz             p50 {res['healthz_p50_ms']:8.3f} ms")
     print(f"  baseline no-GPU filter+prioritize p50 {res['noop_filter_prioritize_p50_ms']:8.3f} ms")
     print(f"  cold shape (first pod of a shape) p50 {res['cold_shape_p50_ms']:8.3f} ms")
     print(f"  filter                            p50 {res['filter_p50_ms']:8.3f} ms")
     print(f"  prioritize                        p50 {res['prioritize_p50_ms']:8.3f} ms")
-    print(f"  filter+prioritize                 p50 {res['filter_prioritize_p50_ms']:8.3f} ms   p99 {res['filter_prioritize_p99_ms']:8.3f} ms")
+    print(
+        f"  filter+prioritize                 p50 {res['filter_prioritize_p50_ms']:8.3f} ms   p99 {res['filter_prioritize_p99_ms']:8.3f} ms"
+    )
     print(f"  bind                              p50 {res['bind_p50_ms']:8.3f} ms")
-    print(f"  throughput filter+prioritize {res['pods_per_s_filter_prioritize']:8.1f} pods/s; full cycle incl. bind {res['pods_per_s_full_cycle']:8.1f} pods/s")
-    print(f"  ratio p50 vs no-GPU baseline {res['ratio_p50_vs_noop']:.2f}x, vs /healthz {res['ratio_p50_vs_healthz']:.2f}x")
+    print(
+        f"  throughput filter+prioritize {res['pods_per_s_filter_prioritize']:8.1f} pods/s; full cycle incl. bind {res['pods_per_s_full_cycle']:8.1f} pods/s"
+    )
+    print(
+        f"  ratio p50 vs no-GPU baseline {res['ratio_p50_vs_noop']:.2f}x, vs /healthz {res['ratio_p50_vs_healthz']:.2f}x"
+    )
     for name, ok in targets.items():
         print(f"  target {name:<14} {'PASS' if ok else 'FAIL'}")
     if args.json:

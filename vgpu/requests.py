@@ -110,6 +110,15 @@ def parse_container(
         MAX_VGPUS_PER_CONTAINER,
         f"an integer 1..{MAX_VGPUS_PER_CONTAINER}",
     )
+    raw_mem = values.get(names.memory)
+    if isinstance(raw_mem, str) and any(ch.isalpha() for ch in raw_mem):
+        # `gpumem: 20Gi` would otherwise read as 21474836480 MiB; HAMi's unit is MiB, so say so.
+        raise RequestError(
+            container=cname,
+            resource=names.memory,
+            value=raw_mem,
+            allowed="a positive integer number of MiB without a unit suffix (e.g. 20480 for 20 GiB)",
+        )
     mem = _get_int(values, cname, names.memory, 1, None, "a positive integer number of MiB")
     pct = _get_int(values, cname, names.memory_percentage, 1, 100, "an integer 1..100 (percent)")
     cores = _get_int(values, cname, names.cores, 0, 100, "an integer 0..100 (percent of SMs)")
