@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from vgpu_cli import demo, logs, show
+from vgpu_cli import demo, logs, replay, show
 from vgpu_cli.common import CliError, Subparsers
 
 # Every subcommand: a module exposing add_parser(subparsers) that sets `func` (args -> exit code).
@@ -14,6 +14,7 @@ from vgpu_cli.common import CliError, Subparsers
 SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     demo.add_parser,
     show.add_parser,
+    replay.add_parser,
 )
 
 

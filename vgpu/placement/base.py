@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from vgpu.fit import NodePlacement
+from vgpu.fit import GpuRank, NodePlacement
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -30,6 +30,16 @@ class NodePolicy(Protocol):
     def observe(self, pod: PodInfo) -> None:
         """Learn from an arriving pod (its shape), before it is placed."""
         ...
+
+
+@runtime_checkable
+class NodeAwareRank(Protocol):
+    """Optional for a policy: its GPU order needs the whole node (e.g. fragmentation after each choice).
+
+    The planner asks for a node-bound rank instead of calling `gpu_rank` whenever the pod's GPU order is
+    the policy's own (no gpu-policy override)."""
+
+    def node_gpu_rank(self, node: NodeState, pod: PodInfo) -> GpuRank: ...
 
 
 def share_after(node: NodeState, placement: NodePlacement) -> float:

@@ -5,14 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vgpu.errors import UnknownPolicyError
-from vgpu.placement import binpack, spread
+from vgpu.placement import bestfit, binpack, dotprod, fgd, fragaware, gpu_clustering, gpu_packing, randomfit, spread
 from vgpu.placement.base import NodePolicy
 
 _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "binpack": binpack.create,
     "spread": spread.create,
-    # The extender's default until a fragmentation-aware policy measurably beats it (issue 6).
-    "default": binpack.create,
+    # The FGD paper's baselines and FGD itself (issue 6; docs/packing.md).
+    "random": randomfit.create,
+    "dotprod": dotprod.create,
+    "gpu-clustering": gpu_clustering.create,
+    "gpu-packing": gpu_packing.create,
+    "bestfit": bestfit.create,
+    "fgd": fgd.create,
+    "fragaware": fragaware.create,
+    # The extender's default: FGD against the online-learned workload (issue 6, docs/packing.md).
+    "default": fragaware.create,
 }
 # GPU-level policies order GPUs inside the chosen node.
 GPU_POLICIES = ("binpack", "spread")

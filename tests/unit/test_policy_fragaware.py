@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from tests.unit.policy_helpers import choice, cluster, node, place, pod
+from vgpu.placement import fragaware
+from vgpu.replay.trace import to_pod_info
+
+
+def _feed(p: fragaware.FragAware, milli: int, n: int) -> None:
+    for i in range(n):
+        p.observe(to_pod_info(pod(milli, cpu=1000), f"x{i}"))
+
+
+def test_learns_the_arriving_workload_online() -> None:
+    p = fragaware.create()
+    assert p.model.workload == []
+    _feed(p, 600, 10)
+    (shape, share), *_ = p.model.workload
+    assert shape.slice_request == (None, 60, 60) and share == 1.0
+    _feed(p, 300, 6)  # 16 pods: 10 of 600, 6 of 300
+    assert {s.slice_request[1]: round(w, 3) for s, w in p.model.workload} == {60: 0.625, 30: 0.375}
+
+
+def test_epoch_moves_only_on_schedule_and_real_change() -> None:
+    p = fragaware.create()
+    _feed(p, 600, 2048)
+    steady = p.epoch
+    _feed(p, 600, 2048)  # same distribution: checkpoints at 3072 and 4096 change nothing
+    assert p.epoch == steady
+    _feed(p, 300, 2048)  # a third of the pods now 300: the next checkpoint rebuilds
+    assert p.epoch > steady
+
+
+def test_learned_workload_steers_placement_like_fgd() -> None:
+    planner = cluster("default", node("a", gpus=1), node("b", gpus=1))
+    _feed(planner.policy("default"), 600, 50)  # type: ignore[arg-type]
+    place(planner, "a", pod(300))
+    assert choice(planner, pod(200))[0] == "b"
+
+
+def test_default_is_fragaware_and_learns_from_arrivals_only() -> None:
+    p = fragaware.create()
+    assert p.trace_prior is False and p.name == "fragaware"

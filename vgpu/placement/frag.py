@@ -1,0 +1,126 @@
+"""GPU fragmentation against a workload (FGD, Weng et al., USENIX ATC'23), shared by `fgd` and `fragaware`.
+
+For a node and a task shape: if the task cannot run on the node at all, all of the node's idle GPU is
+fragmented for it; otherwise only the GPUs with less room than the task's per-GPU request (for whole-GPU
+tasks: every partly used GPU). CPU-only tasks cannot use GPU, so all idle GPU counts for them. A node's
+fragmentation is the expectation over the target workload: the most frequent shapes covering
+`coverage` of the pods seen, renormalised. Results are memoised per node signature (free CPU, memory,
+model, sorted free milli), so identical nodes cost one computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from vgpu.placement.gpushare import MILLI, free_milli, host_free, slice_milli
+from vgpu.pod import PodInfo
+from vgpu.state import GpuUsage, NodeState
+
+_MEMO_LIMIT = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskShape:
+    """What fragmentation cares about in a pod: host asks, GPU count and one slice's request."""
+
+    cpu_milli: int
+    memory_mib: int
+    count: int
+    slice_request: tuple[int | None, int | None, int | None]  # memory_mib, memory_percentage, cores
+    models: frozenset[str] | None
+
+    def milli_on(self, u: GpuUsage) -> int:
+        mem, pct, cores = self.slice_request
+        d = u.device
+        m = mem if mem is not None else d.memory_mib * (pct or 0) // 100
+        c = cores if cores is not None else min(100, -(-m * 100 // d.memory_mib))
+        return slice_milli(m, c, u)
+
+
+def shape_of(pod: PodInfo, *, with_memory: bool) -> TaskShape:
+    reqs = pod.request.containers
+    if not reqs:
+        return TaskShape(pod.cpu_milli, pod.memory_mib if with_memory else 0, 0, (None, None, None), None)
+    r = reqs[0]
+    count = sum(c.count for c in reqs)
+    return TaskShape(
+        pod.cpu_milli,
+        pod.memory_mib if with_memory else 0,
+        count,
+        (r.memory_mib, r.memory_percentage, r.cores),
+        pod.gpu_models,
+    )
+
+
+def target_workload(counts: Mapping[TaskShape, float], coverage: float) -> list[tuple[TaskShape, float]]:
+    """The most frequent shapes that together cover `coverage` of the weight, renormalised to sum 1."""
+    total = sum(counts.values())
+    if total <= 0:
+        return []
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], repr(kv[0])))
+    out: list[tuple[TaskShape, float]] = []
+    acc = 0.0
+    for shape, n in ranked:
+        out.append((shape, n))
+        acc += n
+        if acc >= coverage * total - 1e-9:
+            break
+    return [(s, n / acc) for s, n in out]
+
+
+class FragModel:
+    """Fragmentation of node states against one fixed target workload."""
+
+    def __init__(self, workload: Sequence[tuple[TaskShape, float]]) -> None:
+        self.workload = list(workload)
+        self._tasks: dict[int, list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
+        self._memo: dict[tuple[object, ...], float] = {}
+
+    def _tasks_on(self, u: GpuUsage) -> list[tuple[float, int, int, int, int, frozenset[str] | None]]:
+        key = u.device.memory_mib
+        tasks = self._tasks.get(key)
+        if tasks is None:
+            tasks = self._tasks[key] = [
+                (p, s.cpu_milli, s.memory_mib, s.count, s.milli_on(u) if s.count else 0, s.models)
+                for s, p in self.workload
+            ]
+        return tasks
+
+    def frag(self, node: NodeState, frees: Sequence[int], cpu_free: int, mem_free: int) -> float:
+        """Expected fragmented GPU milli of `node` if its GPUs had `frees` and its host the given room."""
+        if not node.gpus:
+            return 0.0
+        sig = tuple(sorted(frees))
+        model = node.gpus[0].device.model
+        key = (cpu_free, mem_free, model, node.gpus[0].device.memory_mib, sig)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        idle = sum(sig)
+        out = 0.0
+        if idle:
+            full = sum(1 for f in sig if f >= MILLI)
+            biggest = sig[-1]
+            for p, cpu, mem, count, milli, models in self._tasks_on(node.gpus[0]):
+                if (
+                    count == 0
+                    or cpu > cpu_free
+                    or mem > mem_free
+                    or (models is not None and model not in models)
+                    or (milli >= MILLI and full < count)
+                    or biggest < milli
+                ):
+                    out += p * idle
+                elif milli >= MILLI:
+                    out += p * (idle - full * MILLI)
+                else:
+                    out += p * sum(f for f in sig if f < milli)
+        if len(self._memo) > _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
+
+    def node_frag(self, node: NodeState) -> float:
+        cpu, mem = host_free(node)
+        return self.frag(node, [free_milli(u) for u in node.gpus], cpu, mem)
