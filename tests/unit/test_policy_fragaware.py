@@ -40,3 +40,11 @@ def test_learned_workload_steers_placement_like_fgd() -> None:
 def test_default_is_fragaware_and_learns_from_arrivals_only() -> None:
     p = fragaware.create()
     assert p.trace_prior is False and p.name == "fragaware"
+
+
+def test_cold_start_without_observe_uses_the_pods_own_shape() -> None:
+    planner = cluster("default", node("a", gpus=1), node("b", gpus=1))
+    place(planner, "a", pod(300))  # a: 700 free; a 400 there would leave 300, useless to another 400
+    row = pod(400)
+    ev = planner.evaluate(to_pod_info(row, row.name))  # no observe() at all
+    assert ev.feasible["b"].score > ev.feasible["a"].score

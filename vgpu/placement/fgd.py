@@ -58,6 +58,9 @@ class Fgd:
         self._model = None
         self._epoch += 1
 
+    def model_for(self, pod: PodInfo) -> FragModel:
+        return self.model
+
     def delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         """Fragmentation added by the placement (negative when it removes some), in GPU milli."""
         cpu, mem = host_after(node, pod)
@@ -71,7 +74,7 @@ class Fgd:
 
     def node_gpu_rank(self, node: NodeState, pod: PodInfo) -> GpuRank:
         """GPU order inside `node`: fragmentation after putting one slice of the pod on that GPU."""
-        model = self.model
+        model = self.model_for(pod)
         frees = [free_milli(u) for u in node.gpus]
         pos = {u.device.uuid: i for i, u in enumerate(node.gpus)}
         cpu, mem = host_free(node)

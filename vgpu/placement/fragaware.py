@@ -15,6 +15,7 @@ from __future__ import annotations
 from vgpu.fit import NodePlacement
 from vgpu.placement.fgd import Fgd, quantized
 from vgpu.placement.frag import FragModel, TaskShape, shape_of, target_workload
+from vgpu.placement.gpushare import frees_after, host_after
 from vgpu.pod import PodInfo
 from vgpu.state import NodeState
 
@@ -38,11 +39,7 @@ class FragAware(Fgd):
         self.seen = 0
         self._workload: list[tuple[TaskShape, float]] = []
         self._model = FragModel([])
-
-    @property
-    def model(self) -> FragModel:
-        assert self._model is not None
-        return self._model
+        self._cold: dict[TaskShape, FragModel] = {}
 
     def observe(self, pod: PodInfo) -> None:
         self.counts[shape_of(pod, with_memory=self.with_memory)] += 1
@@ -56,6 +53,27 @@ class FragAware(Fgd):
         self._workload = workload
         self._model = FragModel(workload)
         self._epoch += 1
+
+    @property
+    def model(self) -> FragModel:
+        assert self._model is not None
+        return self._model
+
+    def model_for(self, pod: PodInfo) -> FragModel:
+        """The learned model; before any pod was observed, the pod's own shape (a caller that never calls
+        `observe` still gets fragmentation-aware placement, against the pod being placed)."""
+        if self._workload:
+            return self.model
+        shape = shape_of(pod, with_memory=self.with_memory)
+        cold = self._cold.get(shape)
+        if cold is None:
+            cold = self._cold[shape] = FragModel([(shape, 1.0)])
+        return cold
+
+    def delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
+        model = self.model_for(pod)
+        cpu, mem = host_after(node, pod)
+        return model.frag(node, frees_after(node, placement), cpu, mem) - model.node_frag(node)
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         return quantized(self.delta(node, placement, pod)) / 100
