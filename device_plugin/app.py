@@ -14,6 +14,16 @@ from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.nvml.discovery import DiscoveryError, discover
 from device_plugin.pods import KubeletPods, PodSource
 from device_plugin.server import PluginServer, SocketPaths
+from device_plugin.telemetry.discovery_file import DiscoveryFileWriter
+from device_plugin.telemetry.epp import epp_registry
+from device_plugin.telemetry.exporter import node_registry
+from device_plugin.telemetry.serve import MetricsServer, serve
+from device_plugin.watchdog.actions import Enforcer, KubeActions
+from device_plugin.watchdog.cgroup import CgroupResolver
+from device_plugin.watchdog.hardlimit import HardLimiter
+from device_plugin.watchdog.ladder import LadderConfig, parse_steps
+from device_plugin.watchdog.sampling import NvmlSampler
+from device_plugin.watchdog.watchdog import Watchdog
 from vgpu.devices import GpuDevice
 
 log = logging.getLogger(__name__)
@@ -28,6 +38,7 @@ class Plugin:
         pods: PodSource,
         kubelet: KubeletPods | None,
         is_nvml_error: type[Exception],
+        actions: KubeActions | None = None,
     ) -> None:
         self.config = config
         self.nvml = nvml
@@ -69,6 +80,46 @@ class Plugin:
         )
         self._stop = threading.Event()
         self._reconciler: threading.Thread | None = None
+        self.watchdog = self._watchdog(handles, pods, actions) if config.watchdog else None
+        self.metrics_servers: list[MetricsServer] = []
+
+    def _watchdog(self, handles: dict[str, object], pods: PodSource, actions: KubeActions | None) -> Watchdog:
+        c = self.config
+        if actions is None and not c.enforcement_dry_run:
+            log.warning("watchdog: no apiserver actions available, enforcement runs in dry-run")
+        ladder = LadderConfig(
+            steps=parse_steps(c.enforcement_steps),
+            sm_window_s=c.sm_window_s,
+            sm_tolerance=c.sm_tolerance,
+            escalate_after_s=c.escalate_after_s,
+        )
+        return Watchdog(
+            node=c.node_name,
+            gpus=self.gpus,
+            sampler=NvmlSampler(self.nvml, handles),
+            pods=pods,
+            resolver=CgroupResolver(c.proc_root),
+            enforcer=Enforcer(actions, dry_run=c.enforcement_dry_run),
+            ladder=ladder,
+            limiter=HardLimiter(self.nvml, handles, cgroup_root=c.cgroup_root, enabled=c.hard_memory_limits),
+            board=self.board,
+            interval_s=c.watchdog_interval_s,
+            pods_refresh_s=c.pods_refresh_s,
+            after_cycle=DiscoveryFileWriter(c.discovery_file, port=c.discovery_port) if c.discovery_file else None,
+        )
+
+    def _start_telemetry(self, watchdog: Watchdog) -> None:
+        """Exporter and EPP feed on their own ports; a port that cannot be bound is logged, not fatal."""
+        for port, registry in (
+            (self.config.metrics_port, node_registry(watchdog.snapshot)),
+            (self.config.epp_port, epp_registry(watchdog.snapshot)),
+        ):
+            if not port:
+                continue
+            try:
+                self.metrics_servers.append(serve(registry, host=self.config.metrics_host, port=port))
+            except OSError as exc:
+                log.error("cannot serve metrics on %s:%d: %s", self.config.metrics_host, port, exc)
 
     def _reconcile_loop(self) -> None:
         while True:
@@ -86,9 +137,17 @@ class Plugin:
         self.server.start()
         self._reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         self._reconciler.start()
+        if self.watchdog is not None:
+            self.watchdog.start()
+            self._start_telemetry(self.watchdog)
 
     def stop(self) -> None:
         self._stop.set()
+        for srv in self.metrics_servers:
+            srv.close()
+        self.metrics_servers.clear()
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.server.stop()
         self.publisher.stop()
         self.monitor.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client as k8s
@@ -38,6 +39,48 @@ def patch_node_annotations(
     api.patch_node(name=node, body={"metadata": {"annotations": dict(annotations)}}, _request_timeout=timeout_s)
 
 
+def create_pod_event(
+    *,
+    api: k8s.CoreV1Api,
+    namespace: str,
+    pod: str,
+    uid: str,
+    reason: str,
+    message: str,
+    event_type: str = "Warning",
+    component: str = "vgpu-watchdog",
+    timeout_s: float = 5.0,
+) -> None:
+    """A core/v1 Event on the pod (shown by `kubectl describe pod` and `kubectl get events`)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "metadata": {"generateName": f"{pod}.", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod, "uid": uid},
+        "reason": reason,
+        "message": message[:1024],
+        "type": event_type,
+        "source": {"component": component},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    api.create_namespaced_event(namespace=namespace, body=cast(Any, body), _request_timeout=timeout_s)
+
+
+def evict_pod(*, api: k8s.CoreV1Api, namespace: str, name: str, timeout_s: float = 5.0) -> bool:
+    """POST pods/eviction (policy/v1); False when a PodDisruptionBudget refuses it (HTTP 429)."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    try:
+        api.create_namespaced_pod_eviction(
+            name=name, namespace=namespace, body=cast(Any, body), _request_timeout=timeout_s
+        )
+    except k8s.ApiException as exc:
+        if exc.status == 429:
+            return False
+        raise
+    return True
+
+
 class KubePodSource:
     """PodSource over a CoreV1Api (built by main from in-cluster or kubeconfig settings)."""
 
@@ -55,3 +98,20 @@ class KubePodSource:
 
     def patch_node_annotations(self, *, node: str, annotations: Mapping[str, str | None]) -> None:
         patch_node_annotations(api=self.api, node=node, annotations=annotations, timeout_s=self.timeout_s)
+
+    def create_pod_event(
+        self, *, namespace: str, pod: str, uid: str, reason: str, message: str, event_type: str = "Warning"
+    ) -> None:
+        create_pod_event(
+            api=self.api,
+            namespace=namespace,
+            pod=pod,
+            uid=uid,
+            reason=reason,
+            message=message,
+            event_type=event_type,
+            timeout_s=self.timeout_s,
+        )
+
+    def evict_pod(self, *, namespace: str, name: str) -> bool:
+        return evict_pod(api=self.api, namespace=namespace, name=name, timeout_s=self.timeout_s)

@@ -39,10 +39,12 @@ def _nvml(fake_scenario: str) -> NvmlBackend:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     conf = cfg.load(sys.argv[1:] if argv is None else argv, os.environ)
+    pods = KubePodSource(_api(conf.kubeconfig))
     plugin = Plugin(
         conf,
         nvml=_nvml(conf.fake_nvml),
-        pods=KubePodSource(_api(conf.kubeconfig)),
+        pods=pods,
+        actions=pods,
         kubelet=PodResourcesClient(conf.pod_resources_socket),
         is_nvml_error=real.NVMLError,
     )

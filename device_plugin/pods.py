@@ -29,6 +29,10 @@ class PodRecord:
     bind_phase: ann.BindPhase | None = None
     bind_time: str = ""
     assignment: ann.Assignment | None = None
+    # For the watchdog/telemetry: container ID (runtime prefix stripped) -> name, pod IP and labels.
+    container_ids: tuple[tuple[str, str], ...] = ()
+    pod_ip: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -49,6 +53,12 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
             bind_phase = ann.decode_bind_phase(annotations[ann.POD_BIND_PHASE])
     except CodecError as exc:
         log.warning("pod %s: ignoring unreadable vGPU annotation: %s", key, exc)
+    status = pod.get("status") or {}
+    container_ids = tuple(
+        (str(cs["containerID"]).split("://", 1)[-1], str(cs.get("name", "")))
+        for cs in status.get("containerStatuses") or []
+        if cs.get("containerID")
+    )
     return PodRecord(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -59,6 +69,9 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         bind_phase=bind_phase,
         bind_time=str(annotations.get(ann.POD_BIND_TIME, "")),
         assignment=assignment,
+        container_ids=container_ids,
+        pod_ip=str(status.get("podIP") or ""),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
     )
 
 

@@ -34,3 +34,9 @@ def error_code(name: str) -> int:
 def code_of(exc: BaseException) -> int | None:
     """The NVML return code of a pynvml exception, None for anything else."""
     return int(exc.value) if isinstance(exc, pynvml.NVMLError) else None
+
+
+def memory_limits(namespace: str, soft: int, hard: int) -> object:
+    """pynvml's nvmlSetMemoryLimits_v1_t for nvmlDeviceSetMemoryLimits_v1: nameSpace is the full path of the
+    container's cgroup v2 directory, limits in bytes. Building the struct needs no driver."""
+    return pynvml.c_nvmlSetMemoryLimits_v1_t(nameSpace=namespace.encode(), softLimit=soft, hardLimit=hard)

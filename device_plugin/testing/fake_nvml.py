@@ -10,6 +10,8 @@ Scenario (YAML or dict), times in seconds on the fake's clock (`advance()` moves
       - {gpu: 0, pid: 4242, timeline: [{t: 0, memoryMiB: 1000, sm: 20}, {t: 10, memoryMiB: 4000, sm: 55}]}
     xids:                       # XID queue, delivered by nvmlEventSetWait once the clock reaches t
       - {t: 5, gpu: 3, xid: 79}
+    memoryLimits: supported     # nvmlDeviceSetMemoryLimits_v1: "supported" (needs driver >= 615), default
+                                # "unsupported" -> NVMLError_NotSupported; set limits land in .memory_limits
     errors:                     # injected errors: function (optionally for one gpu) raises in [from, until)
       - {function: nvmlDeviceGetMemoryInfo, gpu: 2, error: GPU_IS_LOST, from: 5, until: 20}
 
@@ -164,6 +166,8 @@ class FakeNvml:
             )
             for e in scenario.get("errors", [])
         ]
+        self.memory_limits_supported = scenario.get("memoryLimits", "unsupported") == "supported"
+        self.memory_limits: dict[tuple[int, str], tuple[int, int]] = {}  # (gpu, cgroup dir) -> (soft, hard)
         self.initialized = False
         self.calls: dict[str, int] = {}
         self._cond = threading.Condition()
@@ -296,7 +300,7 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> list[UtilSample]:
         gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
-        stamp = int(self.now * 1_000_000)
+        stamp = int(self.now * 1_000_000) + 1  # microseconds; like NVML's, never 0 (0 = "everything")
         samples = [UtilSample(pid, stamp, sm, 0) for pid, _, sm in self._process_points(gpu.index)]
         samples = [s for s in samples if s.timeStamp > timeStamp]
         if not samples:
@@ -342,3 +346,18 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, eventSet: object) -> None:
         self._enter("nvmlEventSetFree")
+
+    def nvmlDeviceSetMemoryLimits_v1(self, device: object, limits: object) -> None:
+        """Like the r615+ driver: only with `memoryLimits: supported` and a driver >= 615, else NotSupported."""
+        gpu = self._gpu("nvmlDeviceSetMemoryLimits_v1", device)
+        if not self.memory_limits_supported or int(self.driver.split(".")[0]) < 615:
+            raise real.error(real.error_code("NOT_SUPPORTED"))
+        raw = getattr(limits, "nameSpace", b"")
+        namespace = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if not namespace:
+            raise real.error(real.error_code("INVALID_ARGUMENT"))
+        with self._cond:
+            self.memory_limits[(gpu.index, namespace)] = (
+                int(getattr(limits, "softLimit", 0)),
+                int(getattr(limits, "hardLimit", 0)),
+            )

@@ -1,0 +1,1 @@
+"""Node telemetry: Prometheus collectors over the watchdog's snapshot, the EPP feed, the file-discovery writer."""
