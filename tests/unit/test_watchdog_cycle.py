@@ -106,7 +106,7 @@ def steps_of(kube: RecordingKube, pod_name: str) -> list[str]:
 
 
 def test_attribution_sums_per_slice_and_separates_foreign_memory(tmp_path: Path) -> None:
-    sim, wd, _ = make(tmp_path)
+    _sim, wd, _ = make(tmp_path)
     snap = wd.cycle()
     by_pod = {s.slice.id.pod: s for s in snap.slices}
     assert by_pod["mem-hog"].memory_used == 8000 * 2**20 and by_pod["mem-hog"].processes == 1
@@ -154,7 +154,7 @@ def test_dry_run_changes_nothing_but_counts(tmp_path: Path) -> None:
 
 
 def test_eviction_refused_by_a_pdb_is_reported_and_retried(tmp_path: Path) -> None:
-    sim, wd, kube = make(tmp_path, kube=RecordingKube(pdb_blocks=True))
+    sim, wd, _kube = make(tmp_path, kube=RecordingKube(pdb_blocks=True))
     run_for(sim, wd, 20)
     blocked = {k: v for k, v in wd.snapshot().actions.items() if k[0].pod == "mem-hog" and k[1] == "evict"}
     assert sum(blocked.values()) >= 2 and all(k[2] == "blocked" for k in blocked)
