@@ -72,22 +72,29 @@ class ExtenderService:
     def _parse(self, pod: dict[str, Any]) -> PodInfo:
         return pod_info(pod, self.options.names, self.options.defaults)
 
-    def _remember(self, pod: dict[str, Any]) -> None:
+    def _remember(self, pod: dict[str, Any]) -> bool:
+        """Keep the pod for /bind; True the first time this pod (UID) is seen."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        if uid:
-            self._recent[uid] = pod
-            self._recent.move_to_end(uid)
-            if len(self._recent) > _RECENT_PODS:
-                self._recent.popitem(last=False)
+        if not uid:
+            return False
+        new = uid not in self._recent
+        self._recent[uid] = pod
+        self._recent.move_to_end(uid)
+        if len(self._recent) > _RECENT_PODS:
+            self._recent.popitem(last=False)
+        return new
 
-    def _evaluate(self, info: PodInfo, names: list[str]) -> Evaluation:
+    def _release_stale(self, info: PodInfo) -> None:
         if self.sync.unbound:
             self.sync.expire_unbound()
         held = info.key in self.state.assignments or info.key in self.state.orphans
         if held and not info.node_name and info.key not in self.inflight:
             # Being scheduled again, so a previous bind of it failed: its reservation is stale.
             self.state.release(info.key)
+
+    def _evaluate(self, info: PodInfo, names: list[str]) -> Evaluation:
+        self._release_stale(info)
         return self.planner.evaluate(info, names)
 
     # -- verbs ----------------------------------------------------------------------------------
@@ -100,7 +107,7 @@ class ExtenderService:
             names = [str((n.get("metadata") or {}).get("name") or "") for n in items]
         else:
             raise BadRequest("filter: the request carries neither Nodes nor NodeNames")
-        self._remember(args.Pod)
+        first_time = self._remember(args.Pod)
         try:
             info = self._parse(args.Pod)
         except (RequestError, UnknownPolicyError) as exc:
@@ -117,6 +124,8 @@ class ExtenderService:
             )
         try:
             with self.lock:
+                if first_time:
+                    self.planner.observe(info)  # policies that learn the arriving workload (fragaware)
                 evaluation = self._evaluate(info, names)
                 if self.options.narrow_filter:
                     evaluation = self.planner.narrow(evaluation)
@@ -155,8 +164,8 @@ class ExtenderService:
             if info.request.is_empty:
                 return schema.host_priorities(names, {})
             with self.lock:
-                evaluation = self._evaluate(info, names)
-                prios = self.planner.priorities(evaluation)
+                self._release_stale(info)
+                prios = self.planner.priorities_for(info, names)
         except (RequestError, UnknownPolicyError):
             prios = {}
         return schema.host_priorities(names, prios)

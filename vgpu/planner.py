@@ -49,6 +49,8 @@ class Evaluation:
     unresolvable: dict[str, str] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)  # fine score of each feasible node
     priorities: dict[str, int] | None = None  # filled lazily by Planner.priorities
+    lo: float = 0.0  # min and max score the priorities were scaled with
+    hi: float = 0.0
 
     def best(self) -> tuple[str, NodeResult] | None:
         if not self.feasible:
@@ -94,6 +96,10 @@ class Planner:
             pol = self._policies[name] = registry.create(name)
         return pol
 
+    def observe(self, pod: PodInfo) -> None:
+        """Tell the pod's policy that this pod arrived (once per pod), before scoring nodes for it."""
+        self._resolve(pod)[0].observe(pod)
+
     def _resolve(self, pod: PodInfo) -> tuple[NodePolicy, GpuRank]:
         try:
             node_policy = self.policy(pod.node_policy or self.config.node_policy)
@@ -127,14 +133,11 @@ class Planner:
         score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
         return NodeResult(fit, score=score)
 
-    def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
-        """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
-
-        The result is shared with later calls (treat it as read-only): asking again for the same shape
-        and node list returns it as is when nothing changed, or patched for just the nodes that did.
-        """
+    def _memo_for(
+        self, pod: PodInfo, names: list[str]
+    ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
+        """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
         policy, rank = self._resolve(pod)
-        names = list(self.state.nodes) if node_names is None else list(node_names)
         key = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
         cache = self._cache.get(key)
         if cache is None:
@@ -148,62 +151,81 @@ class Planner:
             self._memo.move_to_end(key)
             if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
                 memo = None
-        if memo is not None:
-            if memo.names == names:
-                return memo.evaluation
-            if memo.subset is not None and memo.subset[0] == names:
-                return memo.subset[1]
-            if memo.name_set.issuperset(names):
-                # e.g. /prioritize after /filter: the same pod, the nodes that passed.
-                full = memo.evaluation
-                sub = Evaluation()
-                for name in names:
-                    if name in full.feasible:
-                        sub.feasible[name] = full.feasible[name]
-                        sub.scores[name] = full.scores[name]
-                    elif name in full.failed:
-                        sub.failed[name] = full.failed[name]
-                    else:
-                        sub.unresolvable[name] = full.unresolvable[name]
-                if len(sub.feasible) == len(full.feasible):
-                    sub.priorities = self.priorities(full)  # same feasible set, same min-max scaling
-                memo.subset = (names, sub)
-                return sub
-        out = Evaluation()
-        for name in names:
-            self._record(out, name, self._cached(cache, name, pod, policy, rank))
-        self._memo[key] = _Memo(names, set(names), self.state.version, out)
-        if len(self._memo) > _CACHED_SHAPES:
-            self._memo.popitem(last=False)
-        return out
+        if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):
+            out = Evaluation()
+            for name in names:
+                self._record(out, name, self._cached(cache, name, pod, policy, rank))
+            memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
+            if len(self._memo) > _CACHED_SHAPES:
+                self._memo.popitem(last=False)
+        return memo, cache, policy, rank
+
+    def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
+        """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
+
+        The result is shared and valid until the state changes (treat it as read-only): asking again
+        for the same shape and nodes returns it as is, or brought up to date for just the nodes that
+        changed since.
+        """
+        names = list(self.state.nodes) if node_names is None else list(node_names)
+        memo = self._memo_for(pod, names)[0]
+        if memo.names == names:
+            return memo.evaluation
+        if memo.subset is not None and memo.subset[0] == names:
+            return memo.subset[1]
+        full, sub = memo.evaluation, Evaluation()
+        for name in names:  # e.g. /prioritize after /filter: the same pod, the nodes that passed
+            if name in full.feasible:
+                sub.feasible[name] = full.feasible[name]
+                sub.scores[name] = full.scores[name]
+            elif name in full.failed:
+                sub.failed[name] = full.failed[name]
+            else:
+                sub.unresolvable[name] = full.unresolvable[name]
+        memo.subset = (names, sub)
+        return sub
+
+    def priorities_for(self, pod: PodInfo, node_names: list[str]) -> dict[str, int]:
+        """0..10 priorities of the nodes kube-scheduler asks about (normally exactly those that passed
+        /filter, whose scaling is then the memoised one; any other set is scaled over itself)."""
+        memo = self._memo_for(pod, node_names)[0]
+        feasible = memo.evaluation.feasible
+        if len(node_names) == len(feasible) and all(n in feasible for n in node_names):
+            return self.priorities(memo.evaluation)
+        return self.priorities(self.evaluate(pod, node_names))
 
     def _refresh(
         self, memo: _Memo, cache: dict[str, tuple[int, NodeResult]], pod: PodInfo, policy: NodePolicy, rank: GpuRank
     ) -> bool:
-        """Bring a memoised evaluation up to date by re-evaluating only the nodes that changed."""
+        """Bring a memoised evaluation up to date in place, re-evaluating only the nodes that changed.
+
+        Priorities are min-max scaled, so they stay valid for unchanged nodes unless an extreme moved."""
         changed = self.state.changed_since(memo.version)
         if changed is None or len(changed) > _INCREMENTAL_LIMIT:
             return False
-        prev = memo.evaluation
-        out = Evaluation(dict(prev.feasible), dict(prev.failed), dict(prev.unresolvable), dict(prev.scores))
-        for name in changed & memo.name_set:
-            out.feasible.pop(name, None)
-            out.scores.pop(name, None)
-            out.failed.pop(name, None)
-            out.unresolvable.pop(name, None)
-            self._record(out, name, self._cached(cache, name, pod, policy, rank))
-        if prev.priorities is not None and out.scores and prev.scores:
-            # Priorities are min-max scaled: unchanged extremes mean only the changed nodes move.
-            lo, hi = min(out.scores.values()), max(out.scores.values())
-            if lo == min(prev.scores.values()) and hi == max(prev.scores.values()) and hi - lo >= 1e-12:
-                prios = dict(prev.priorities)
-                k = MAX_PRIORITY / (hi - lo)
-                for name in changed & memo.name_set:
-                    prios.pop(name, None)
-                    if name in out.scores:
-                        prios[name] = int((out.scores[name] - lo) * k + 0.5)
-                out.priorities = prios
-        memo.version, memo.evaluation, memo.subset = self.state.version, out, None
+        ev = memo.evaluation
+        touched = changed & memo.name_set
+        for name in touched:
+            ev.scores.pop(name, None)
+            ev.feasible.pop(name, None)
+            ev.failed.pop(name, None)
+            ev.unresolvable.pop(name, None)
+            self._record(ev, name, self._cached(cache, name, pod, policy, rank))
+        prios = ev.priorities
+        if prios is not None and touched:
+            values = ev.scores.values()
+            if values and min(values) == ev.lo and max(values) == ev.hi and ev.hi > ev.lo:
+                k = MAX_PRIORITY / (ev.hi - ev.lo)
+                for name in touched:
+                    score = ev.scores.get(name)
+                    if score is None:
+                        prios.pop(name, None)
+                    else:
+                        prios[name] = int((score - ev.lo) * k + 0.5)
+            else:
+                prios = None  # an extreme moved: rescale everything on the next request
+        ev.priorities = prios
+        memo.version, memo.subset = self.state.version, None
         return True
 
     def _cached(
@@ -230,7 +252,10 @@ class Planner:
 
     def priorities(self, evaluation: Evaluation) -> dict[str, int]:
         if evaluation.priorities is None:
-            evaluation.priorities = to_priorities(evaluation.scores)
+            scores = evaluation.scores
+            if scores:
+                evaluation.lo, evaluation.hi = min(scores.values()), max(scores.values())
+            evaluation.priorities = to_priorities(scores)
         return evaluation.priorities
 
     def narrow(self, evaluation: Evaluation) -> Evaluation:

@@ -90,7 +90,7 @@ def place(planner: Planner, pod: PodInfo) -> Placed | Rejected:
     except UnknownPolicyError as exc:
         return Rejected(pod.key, str(exc), pod)
     # The policy learns the arriving shape before it scores nodes for it (NodePolicy.observe).
-    planner.policy(pod.node_policy or planner.config.node_policy).observe(pod)
+    planner.observe(pod)
     evaluation = planner.evaluate(pod)
     best = evaluation.best()
     if best is None:
