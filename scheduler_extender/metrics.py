@@ -41,8 +41,17 @@ class AllocationCollector(Collector):
         node_alloc = GaugeMetricFamily(
             "vgpu_node_memory_allocated_bytes", "GPU memory allocated per node", labels=["Hostname"]
         )
+        node_mem_total = GaugeMetricFamily(
+            "vgpu_node_memory_total_bytes", "GPU memory advertised per node (healthy or not)", labels=["Hostname"]
+        )
+        node_cores = GaugeMetricFamily(
+            "vgpu_node_cores_allocated_ratio", "Share of the node's SMs reserved by slices (0-1)", labels=["Hostname"]
+        )
         for node in self.state.nodes.values():
             node_total = 0
+            mem_sum = 0
+            cores_used = 0
+            cores_sum = 0
             for u in node.gpus:
                 d = u.device
                 lv = [node.name, str(d.index), d.uuid, d.model]
@@ -57,7 +66,12 @@ class AllocationCollector(Collector):
                 for role, n in sorted(by_role.items()):
                     roles.add_metric([*lv, role], n)
                 node_total += u.memory_used
+                mem_sum += d.memory_mib
+                cores_used += u.cores_used
+                cores_sum += d.cores
             node_alloc.add_metric([node.name], node_total * MIB)
+            node_mem_total.add_metric([node.name], mem_sum * MIB)
+            node_cores.add_metric([node.name], cores_used / cores_sum if cores_sum else 0.0)
         pods = GaugeMetricFamily("vgpu_allocated_pods", "Pods holding slices")
         pods.add_metric([], len(self.state.assignments))
         orphans = GaugeMetricFamily("vgpu_orphan_allocations", "Assignments whose node or GPU is unknown")
@@ -65,6 +79,7 @@ class AllocationCollector(Collector):
         conflicts = GaugeMetricFamily("vgpu_conflicting_allocations", "Assignments that would over-commit a GPU")
         conflicts.add_metric([], len(self.state.conflicts))
         yield from (mem_total, mem_alloc, cores, sharers, roles, healthy, node_alloc, pods, orphans, conflicts)
+        yield from (node_mem_total, node_cores)
 
 
 class ExtenderMetrics:
