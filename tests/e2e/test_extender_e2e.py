@@ -242,9 +242,10 @@ def test_fractional_pods_follow_binpack_and_spread(vgpu: tuple[ControlPlane, Ext
     core = client.CoreV1Api(cp.api_client())
     tag = uuid.uuid4().hex[:5]
     selector = _nodes(cp, f"bp-{tag}", 2, 2)
-    core.create_namespaced_pod(namespace, _pod("first", selector, _slice(25, 25)))
+    binpack = {ann.POD_NODE_POLICY: "binpack"}
+    core.create_namespaced_pod(namespace, _pod("first", selector, _slice(25, 25), annotations=binpack))
     first = cp.wait_for_pod("first", namespace)
-    core.create_namespaced_pod(namespace, _pod("second", selector, _slice(25, 25)))
+    core.create_namespaced_pod(namespace, _pod("second", selector, _slice(25, 25), annotations=binpack))
     second = cp.wait_for_pod("second", namespace)
     a1 = ann.decode_assignment(first.metadata.annotations[ann.POD_ASSIGNMENT])
     a2 = ann.decode_assignment(second.metadata.annotations[ann.POD_ASSIGNMENT])

@@ -91,6 +91,7 @@ def test_filter_full_node_list_returns_the_node_objects(extender: str) -> None:
 
 def test_prioritize_prefers_fuller_node_with_binpack(extender: str) -> None:
     p = pod("s", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "20"})
+    p["metadata"]["annotations"] = {"vgpu.io/node-policy": "binpack"}
     r = httpx.post(f"{extender}/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": ["h100-a", "h100-b"]})
     assert r.status_code == 200
     scores = {h["Host"]: h["Score"] for h in r.json()}
