@@ -18,7 +18,7 @@ from scheduler_extender.metrics import ExtenderMetrics
 from vgpu.devices import NodeInventory
 from vgpu.state import ClusterState
 
-from .test_watchdog_cycle import make, run_for
+from .test_watchdog_cycle import SCENARIO, make, run_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -45,7 +45,7 @@ def test_epp_config_uses_our_feed_and_declares_every_plugin_it_references() -> N
 
 
 def test_dashboard_queries_only_metrics_we_export(tmp_path: Path) -> None:
-    sim, wd, _ = make(tmp_path, scenario=None)
+    sim, wd, _ = make(tmp_path, scenario={**SCENARIO, "driver": "615.71.09", "memoryLimits": "supported"})
     run_for(sim, wd, 12)
     state = ClusterState()
     state.upsert_node(NodeInventory(name=sim.node, gpus=sim.gpus))
