@@ -44,7 +44,9 @@ def test_missing_process_is_unattributed(tmp_path: Path) -> None:
     ("path", "root", "want"),
     [
         (
-            "/kubepods.slice/kubepods-podaaaaaaaa_bbbb_cccc_dddd_eeeeeeeeeeee.slice/cri-containerd-" + "a" * 64 + ".scope",
+            "/kubepods.slice/kubepods-podaaaaaaaa_bbbb_cccc_dddd_eeeeeeeeeeee.slice/cri-containerd-"
+            + "a" * 64
+            + ".scope",
             "/sys/fs/cgroup",
             "/sys/fs/cgroup/kubepods.slice/kubepods-podaaaaaaaa_bbbb_cccc_dddd_eeeeeeeeeeee.slice/cri-containerd-"
             + "a" * 64

@@ -17,7 +17,9 @@ from device_plugin.pods import PodRecord
 from device_plugin.telemetry.discovery_file import MAX_BYTES, DiscoveryFileWriter, endpoints, render, write_atomic
 from device_plugin.telemetry.epp import epp_registry
 from device_plugin.telemetry.exporter import SLICE_LABELS, node_registry
+from device_plugin.testing.node_sim import RecordingKube, SimNode
 from device_plugin.watchdog.slices import Slice, SliceId
+from device_plugin.watchdog.watchdog import Watchdog
 
 from .test_watchdog_cycle import make, run_for
 
@@ -40,7 +42,7 @@ def extractor_gpu_utilization(exposition: str, pod_name: str) -> float | None:
 
 
 @pytest.fixture
-def ran(tmp_path: Path):
+def ran(tmp_path: Path) -> tuple[SimNode, Watchdog, RecordingKube]:
     sim, wd, kube = make(tmp_path)
     run_for(sim, wd, 12)
     return sim, wd, kube
@@ -190,6 +192,8 @@ def test_readers_never_see_a_partial_file(tmp_path: Path) -> None:
 
 
 def test_oversized_file_is_refused() -> None:
-    big = [{"name": "p", "namespace": "n", "address": "10.0.0.1", "port": "80", "labels": {"x": "y" * MAX_BYTES}}]
+    big: list[dict[str, object]] = [
+        {"name": "p", "namespace": "n", "address": "10.0.0.1", "port": "80", "labels": {"x": "y" * MAX_BYTES}}
+    ]
     with pytest.raises(ValueError, match="1 MiB"):
         render(big)

@@ -10,9 +10,11 @@ GIB = 1024**3
 ALL = (Step.EVENT, Step.ANNOTATE, Step.EVICT)
 
 
-def run(guard: SliceGuard, points: list[tuple[float, int, float]], *, limit: int = 10 * GIB, cores: int = 30):
+def run(
+    guard: SliceGuard, points: list[tuple[float, int, float]], *, limit: int = 10 * GIB, cores: int = 30
+) -> list[tuple[float, Step, tuple[Kind, ...]]]:
     """[(t, memory, sm)] -> [(t, step, kinds)] of every action emitted."""
-    out = []
+    out: list[tuple[float, Step, tuple[Kind, ...]]] = []
     for t, mem, sm in points:
         for a in guard.observe(Observation(t, mem, limit, sm, cores)):
             out.append((t, a.step, a.kinds))
@@ -22,7 +24,13 @@ def run(guard: SliceGuard, points: list[tuple[float, int, float]], *, limit: int
 def test_memory_over_limit_escalates_in_order_then_repeats_the_last_step() -> None:
     g = SliceGuard(LadderConfig(steps=ALL, escalate_after_s=10))
     acts = run(g, [(t, 11 * GIB, 0) for t in range(0, 41)])
-    assert [(t, s) for t, s, _ in acts] == [(0, Step.EVENT), (10, Step.ANNOTATE), (20, Step.EVICT), (30, Step.EVICT), (40, Step.EVICT)]
+    assert [(t, s) for t, s, _ in acts] == [
+        (0, Step.EVENT),
+        (10, Step.ANNOTATE),
+        (20, Step.EVICT),
+        (30, Step.EVICT),
+        (40, Step.EVICT),
+    ]
     assert all(k == (Kind.MEMORY,) for _, _, k in acts)
 
 
