@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -20,8 +20,7 @@ _E2E_DIR = Path(__file__).resolve().parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "e2e: end-to-end test against a real kube-apiserver/kube-scheduler (tests/e2e)")
+    config.addinivalue_line("markers", "e2e: end-to-end test against a real kube-apiserver/kube-scheduler (tests/e2e)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

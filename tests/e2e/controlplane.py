@@ -46,9 +46,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 from cryptography import x509
@@ -117,7 +118,7 @@ class CertificateAuthority:
 
     def __init__(self, common_name: str = "kube-vgpu-e2e-ca") -> None:
         self._key = _new_rsa_key()
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _dt.datetime.now(_dt.UTC)
         subject = _name(common_name)
         ski = x509.SubjectKeyIdentifier.from_public_key(self._key.public_key())
         self._cert = (
@@ -131,9 +132,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                    key_encipherment=False, data_encipherment=False, key_agreement=False,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -152,11 +159,15 @@ class CertificateAuthority:
         return base64.b64encode(self.cert_pem).decode()
 
     def _issue(
-        self, common_name: str, organizations: Sequence[str], usage: x509.ObjectIdentifier | list,
-        dns_names: Iterable[str] = (), ip_addresses: Iterable[str] = (),
+        self,
+        common_name: str,
+        organizations: Sequence[str],
+        usage: x509.ObjectIdentifier | list,
+        dns_names: Iterable[str] = (),
+        ip_addresses: Iterable[str] = (),
     ) -> KeyPair:
         key = _new_rsa_key()
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _dt.datetime.now(_dt.UTC)
         usages = usage if isinstance(usage, list) else [usage]
         builder = (
             x509.CertificateBuilder()
@@ -169,16 +180,20 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
-                    content_commitment=False, data_encipherment=False, key_agreement=False,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_encipherment=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    content_commitment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
@@ -188,7 +203,9 @@ class CertificateAuthority:
         return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
     def issue_server_cert(
-        self, common_name: str, dns_names: Iterable[str] = ("localhost",),
+        self,
+        common_name: str,
+        dns_names: Iterable[str] = ("localhost",),
         ip_addresses: Iterable[str] = ("127.0.0.1",),
     ) -> KeyPair:
         """A serving certificate (serverAuth) for the given DNS names and IPs."""
@@ -200,8 +217,10 @@ class CertificateAuthority:
 
 
 def make_ca_and_server_cert(
-    directory: str | os.PathLike[str], name: str = "server",
-    dns_names: Iterable[str] = ("localhost",), ip_addresses: Iterable[str] = ("127.0.0.1",),
+    directory: str | os.PathLike[str],
+    name: str = "server",
+    dns_names: Iterable[str] = ("localhost",),
+    ip_addresses: Iterable[str] = ("127.0.0.1",),
 ) -> tuple[CertificateAuthority, Path, Path, Path]:
     """Create a CA and a server cert signed by it in *directory*. Returns (ca, ca.crt, <name>.crt, <name>.key)."""
     ca = CertificateAuthority()
@@ -216,9 +235,15 @@ def kubeconfig_text(server: str, ca_pem: bytes, client: KeyPair, user: str) -> s
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "kube-vgpu-e2e", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": b64(client.cert_pem), "client-key-data": b64(client.key_pem)}}],
+        "clusters": [
+            {"name": "kube-vgpu-e2e", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate-data": b64(client.cert_pem), "client-key-data": b64(client.key_pem)},
+            }
+        ],
         "contexts": [{"name": "kube-vgpu-e2e", "context": {"cluster": "kube-vgpu-e2e", "user": user}}],
         "current-context": "kube-vgpu-e2e",
     }
@@ -251,20 +276,32 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 class ManagedProcess:
     """A child process in its own process group, logging stdout+stderr to *log_path*."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
-                 cwd: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log.write(("$ " + " ".join(self.argv) + "\n").encode())
         self._log.flush()
         full_env = dict(os.environ)
         if env:
             full_env.update(env)
         self.popen = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
-            cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.pid = self.popen.pid
 
@@ -307,7 +344,7 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-_live: set["ControlPlane"] = set()
+_live: set[ControlPlane] = set()
 
 
 @atexit.register
@@ -323,7 +360,11 @@ def _stop_all() -> None:
 
 def _run_hack(script: str, *args: str) -> str:
     proc = subprocess.run(
-        ["bash", str(HACK / script), *args], stdout=subprocess.PIPE, stderr=None, text=True, check=False,
+        ["bash", str(HACK / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         raise ControlPlaneError(f"hack/{script} {' '.join(args)} failed with exit code {proc.returncode}")
@@ -363,10 +404,16 @@ class ControlPlane:
     """
 
     def __init__(
-        self, *, bin_dir: str | os.PathLike[str] | None = None, etcd_bin: str | os.PathLike[str] | None = None,
-        workdir: str | os.PathLike[str] | None = None, keep_workdir: bool | None = None, verbosity: int = 2,
+        self,
+        *,
+        bin_dir: str | os.PathLike[str] | None = None,
+        etcd_bin: str | os.PathLike[str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        keep_workdir: bool | None = None,
+        verbosity: int = 2,
         disable_admission_plugins: Sequence[str] = ("ServiceAccount", "TaintNodesByCondition"),
-        extra_apiserver_args: Sequence[str] = (), start_timeout: float = 90.0,
+        extra_apiserver_args: Sequence[str] = (),
+        start_timeout: float = 90.0,
     ) -> None:
         self._bin_dir_arg = bin_dir
         self._etcd_arg = etcd_bin
@@ -385,12 +432,13 @@ class ControlPlane:
         self.scheduler: ManagedProcess | None = None
         self._scheduler_configs = 0
         self._clients: list[Any] = []
+        self._admin: Any = None
         self._lock = threading.Lock()
         self.started = False
 
     # ---- lifecycle
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -398,7 +446,7 @@ class ControlPlane:
             print(self.dump_logs(), file=sys.stderr)
         self.stop()
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         """Start etcd and kube-apiserver, wait for /readyz, write the kubeconfigs. Returns self."""
         if self._bin_dir_arg and self._etcd_arg:
             self.bin_dir, self.etcd_bin = Path(self._bin_dir_arg), Path(self._etcd_arg)
@@ -426,6 +474,7 @@ class ControlPlane:
             with contextlib.suppress(Exception):
                 c.close()
         self._clients.clear()
+        self._admin = None
         for p in reversed(self.processes):
             p.stop()
         leftovers = [p for p in self.processes if p.group_alive()]
@@ -438,8 +487,13 @@ class ControlPlane:
         if self._own_workdir and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              cwd: str | os.PathLike[str] | None = None) -> ManagedProcess:
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> ManagedProcess:
         """Start any process (e.g. the extender) with its log in ``logs/<name>.log`` and teardown on stop."""
         p = ManagedProcess(name, argv, self.logs_dir / f"{name}.log", env=env, cwd=cwd)
         with self._lock:
@@ -479,18 +533,23 @@ class ControlPlane:
         self.sa_key = self.pki_dir / "sa.key"
         self.sa_key.write_bytes(_key_pem(sa_key))
         self.sa_pub = self.pki_dir / "sa.pub"
-        self.sa_pub.write_bytes(sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.sa_pub.write_bytes(
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         # Front-proxy (request header) CA, as kubeadm sets it up; kube-scheduler's delegated authn reads it.
         self.front_proxy_ca = CertificateAuthority("kube-vgpu-e2e-front-proxy-ca")
         self.front_proxy_ca_file, _ = self.front_proxy_ca.keypair.write(self.pki_dir, "front-proxy-ca")
-        self.front_proxy_cert, self.front_proxy_key = self.front_proxy_ca.issue_client_cert(
-            "front-proxy-client").write(self.pki_dir, "front-proxy-client")
+        self.front_proxy_cert, self.front_proxy_key = self.front_proxy_ca.issue_client_cert("front-proxy-client").write(
+            self.pki_dir, "front-proxy-client"
+        )
         self.admin_client = self.ca.issue_client_cert("kube-vgpu-admin", ["system:masters"])
         self.admin_cert, self.admin_key = self.admin_client.write(self.pki_dir, "admin")
 
-    def issue_server_cert(self, name: str, dns_names: Iterable[str] = ("localhost",),
-                          ip_addresses: Iterable[str] = ("127.0.0.1",)) -> tuple[Path, Path]:
+    def issue_server_cert(
+        self, name: str, dns_names: Iterable[str] = ("localhost",), ip_addresses: Iterable[str] = ("127.0.0.1",)
+    ) -> tuple[Path, Path]:
         """A serving cert from this cluster's CA (e.g. for the extender or webhook); returns (crt, key) paths."""
         return self.ca.issue_server_cert(name, dns_names, ip_addresses).write(self.pki_dir, name)
 
@@ -508,10 +567,15 @@ class ControlPlane:
         self.etcd_url = f"http://127.0.0.1:{client_port}"
         peer = f"http://127.0.0.1:{peer_port}"
         argv = [
-            str(self.etcd_bin), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}", "--initial-cluster-state=new",
+            str(self.etcd_bin),
+            "--name=default",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--initial-cluster-state=new",
             "--log-level=warn",
         ]
         if _etcd_version(self.etcd_bin) >= (3, 5, 0):
@@ -525,18 +589,24 @@ class ControlPlane:
         argv = [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
-            f"--tls-cert-file={self.apiserver_cert}", f"--tls-private-key-file={self.apiserver_key}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={self.apiserver_cert}",
+            f"--tls-private-key-file={self.apiserver_key}",
             f"--client-ca-file={self.ca_file}",
             "--authorization-mode=Node,RBAC",
             "--anonymous-auth=false",
             f"--requestheader-client-ca-file={self.front_proxy_ca_file}",
             "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={self.front_proxy_cert}", f"--proxy-client-key-file={self.front_proxy_key}",
+            f"--proxy-client-cert-file={self.front_proxy_cert}",
+            f"--proxy-client-key-file={self.front_proxy_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self.sa_pub}", f"--service-account-signing-key-file={self.sa_key}",
+            f"--service-account-key-file={self.sa_pub}",
+            f"--service-account-signing-key-file={self.sa_key}",
             "--service-cluster-ip-range=10.0.0.0/24",
             # No Endpoints for the kubernetes Service: 127.0.0.1 is not a valid endpoint address.
             "--endpoint-reconciler-type=none",
@@ -560,7 +630,8 @@ class ControlPlane:
     def _write_kubeconfigs(self) -> None:
         self.admin_kubeconfig = self.workdir / "admin.kubeconfig"
         self.admin_kubeconfig.write_text(
-            kubeconfig_text(self.server, self.ca.cert_pem, self.admin_client, "kube-vgpu-admin"))
+            kubeconfig_text(self.server, self.ca.cert_pem, self.admin_client, "kube-vgpu-admin")
+        )
         self.admin_kubeconfig.chmod(0o600)
         self.scheduler_kubeconfig = self.write_kubeconfig("system:kube-scheduler", name="scheduler")
 
@@ -578,7 +649,8 @@ class ControlPlane:
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise ControlPlaneError(
-                    f"{what} exited with code {proc.popen.returncode} before it was ready:\n{proc.tail()}")
+                    f"{what} exited with code {proc.popen.returncode} before it was ready:\n{proc.tail()}"
+                )
             if ready():
                 return
             time.sleep(0.2)
@@ -586,8 +658,9 @@ class ControlPlane:
 
     # ---- scheduler
 
-    def start_scheduler(self, config_yaml: str | None = None, extra_args: Sequence[str] = (),
-                        timeout: float | None = None) -> ManagedProcess:
+    def start_scheduler(
+        self, config_yaml: str | None = None, extra_args: Sequence[str] = (), timeout: float | None = None
+    ) -> ManagedProcess:
         """(Re)start kube-scheduler with a KubeSchedulerConfiguration (YAML text; default profile if None).
 
         ``clientConnection.kubeconfig`` is set to the scheduler kubeconfig (user ``system:kube-scheduler``,
@@ -606,20 +679,24 @@ class ControlPlane:
             self.stop_process(self.scheduler)
         port = free_port()
         argv = [
-            str(self.bin_dir / "kube-scheduler"), f"--config={cfg}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            str(self.bin_dir / "kube-scheduler"),
+            f"--config={cfg}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
             f"--authentication-kubeconfig={self.scheduler_kubeconfig}",
             f"--authorization-kubeconfig={self.scheduler_kubeconfig}",
             f"--cert-dir={self.workdir / 'scheduler-certs'}",
-            f"--v={self.verbosity}", *extra_args,
+            f"--v={self.verbosity}",
+            *extra_args,
         ]
         proc = self.spawn(f"kube-scheduler-{self._scheduler_configs}", argv)
         self.scheduler = proc
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        self._wait("kube-scheduler", proc, lambda: self._http_ok(f"https://127.0.0.1:{port}/readyz", ctx=insecure),
-                   timeout)
+        self._wait(
+            "kube-scheduler", proc, lambda: self._http_ok(f"https://127.0.0.1:{port}/readyz", ctx=insecure), timeout
+        )
         return proc
 
     def stop_scheduler(self) -> None:
@@ -636,72 +713,85 @@ class ControlPlane:
         self._clients.append(client)
         return client
 
+    def _core(self) -> Any:
+        """A CoreV1Api on one shared admin client, for the helpers below."""
+        from kubernetes import client
+
+        if self._admin is None:
+            self._admin = self.api_client()
+        return client.CoreV1Api(self._admin)
+
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         """Run the built kubectl against this cluster as admin; returns the CompletedProcess (text)."""
         return subprocess.run(
             [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args],
-            capture_output=True, text=True, check=check, input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            input=input,
         )
 
     def add_node(
-        self, name: str, capacity: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None, allocatable: Mapping[str, str] | None = None,
+        self,
+        name: str,
+        capacity: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
         taints: Sequence[Mapping[str, str]] = (),
     ) -> Any:
         """Create Node *name* and write status.capacity/allocatable (= capacity unless given) and Ready=True
         through ``/status``. ``pods: 110`` is added when capacity has no ``pods``; capacity None means
         ``DEFAULT_NODE_CAPACITY``. Returns the V1Node after the status patch."""
-        from kubernetes import client
-
         cap = dict(DEFAULT_NODE_CAPACITY if capacity is None else capacity)
         cap.setdefault("pods", "110")
         alloc = dict(allocatable) if allocatable is not None else dict(cap)
         alloc.setdefault("pods", cap["pods"])
-        api = client.CoreV1Api(self.api_client())
+        api = self._core()
         labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
         body = {
-            "apiVersion": "v1", "kind": "Node",
+            "apiVersion": "v1",
+            "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": dict(annotations or {})},
             "spec": {"taints": [dict(t) for t in taints]} if taints else {},
         }
         api.create_node(body)
         return self.set_node_status(name, cap, alloc)
 
-    def set_node_status(self, name: str, capacity: Mapping[str, str],
-                        allocatable: Mapping[str, str] | None = None, ready: bool = True) -> Any:
+    def set_node_status(
+        self, name: str, capacity: Mapping[str, str], allocatable: Mapping[str, str] | None = None, ready: bool = True
+    ) -> Any:
         """Patch status.capacity/allocatable and the Ready condition of an existing node via ``/status``."""
-        from kubernetes import client
-
-        now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status = {
             "capacity": dict(capacity),
             "allocatable": dict(allocatable if allocatable is not None else capacity),
-            "conditions": [{
-                "type": "Ready", "status": "True" if ready else "False", "reason": "KubeVgpuE2E",
-                "message": "simulated node", "lastHeartbeatTime": now, "lastTransitionTime": now,
-            }],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "KubeVgpuE2E",
+                    "message": "simulated node",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
             "addresses": [{"type": "Hostname", "address": name}],
         }
-        api = client.CoreV1Api(self.api_client())
+        api = self._core()
         return api.patch_node_status(name, {"status": status})
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
         """Delete a pod at once (grace period 0): without a kubelet a bound pod never finishes graceful deletion."""
-        from kubernetes import client
-
-        api = client.CoreV1Api(self.api_client())
+        api = self._core()
         api.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
-    def wait_for_pod(self, name: str, namespace: str = "default", timeout: float = 30.0,
-                     condition: Any = None) -> Any:
+    def wait_for_pod(self, name: str, namespace: str = "default", timeout: float = 30.0, condition: Any = None) -> Any:
         """Poll pod *name* until ``condition(pod)`` (default: ``spec.nodeName`` set) holds; return the pod.
         Raises TimeoutError with the pod's events otherwise."""
-        from kubernetes import client
-
-        api = client.CoreV1Api(self.api_client())
+        api = self._core()
         cond = condition or (lambda p: bool(p.spec.node_name))
         deadline = time.monotonic() + timeout
-        pod = None
         while time.monotonic() < deadline:
             pod = api.read_namespaced_pod(name, namespace)
             if cond(pod):
@@ -712,12 +802,11 @@ class ControlPlane:
 
     def pod_events(self, name: str, namespace: str = "default") -> list[Any]:
         """Core/v1 Events whose involvedObject is pod *name*, oldest first."""
-        from kubernetes import client
-
-        api = client.CoreV1Api(self.api_client())
+        api = self._core()
         evs = api.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}").items
-        return sorted(evs, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+            namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}"
+        ).items
+        return sorted(evs, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
 
     def env(self) -> dict[str, str]:
         """Environment for child processes that should talk to this cluster (KUBECONFIG)."""
@@ -756,10 +845,16 @@ def _main(argv: Sequence[str]) -> int:
         if not args.no_scheduler:
             text = Path(args.scheduler_config).read_text() if args.scheduler_config else None
             cp.start_scheduler(text)
-        print(json.dumps({"server": cp.server, "kubeconfig": str(cp.admin_kubeconfig),
-                          "workdir": str(cp.workdir)}, indent=2))
-        print(f"\nexport KUBECONFIG={cp.admin_kubeconfig}\nexport PATH={cp.bin_dir}:$PATH   # kubectl\n"
-              f"logs: {cp.logs_dir}\nCtrl-C stops everything.", flush=True)
+        print(
+            json.dumps(
+                {"server": cp.server, "kubeconfig": str(cp.admin_kubeconfig), "workdir": str(cp.workdir)}, indent=2
+            )
+        )
+        print(
+            f"\nexport KUBECONFIG={cp.admin_kubeconfig}\nexport PATH={cp.bin_dir}:$PATH   # kubectl\n"
+            f"logs: {cp.logs_dir}\nCtrl-C stops everything.",
+            flush=True,
+        )
         while not stop.wait(1.0):
             dead = [p.name for p in cp.processes if not p.alive()]
             if dead:

@@ -20,8 +20,13 @@ def _pod(name: str, cpu: str, selector: dict[str, str]) -> dict:
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": selector,
-            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
-                            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/pause:1",
+                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}},
+                }
+            ],
         },
     }
 
@@ -69,8 +74,7 @@ def test_default_scheduler_binds_and_reports(control_plane: ControlPlane, namesp
 
 def test_teardown_leaves_no_process(control_plane: ControlPlane) -> None:
     """A second, independent control plane comes up next to the session one and is stopped completely."""
-    with ControlPlane(bin_dir=control_plane.bin_dir, etcd_bin=control_plane.etcd_bin,
-                      keep_workdir=False) as cp:
+    with ControlPlane(bin_dir=control_plane.bin_dir, etcd_bin=control_plane.etcd_bin, keep_workdir=False) as cp:
         cp.start_scheduler()
         pids = [p.pid for p in cp.processes]
         workdir = cp.workdir
@@ -103,17 +107,19 @@ class _Extender:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 verb = self.path.rsplit("/", 1)[-1]
                 calls.append(verb)
                 if verb == "filter":
                     result = {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
                 else:  # bind
-                    body = {"apiVersion": "v1", "kind": "Binding",
-                            "metadata": {"name": args["PodName"], "namespace": args["PodNamespace"],
-                                         "uid": args["PodUID"]},
-                            "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]}}
+                    body = {
+                        "apiVersion": "v1",
+                        "kind": "Binding",
+                        "metadata": {"name": args["PodName"], "namespace": args["PodNamespace"], "uid": args["PodUID"]},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
+                    }
                     core.create_namespaced_binding(args["PodNamespace"], body, _preload_content=False)
                     result = {"Error": ""}
                 data = json.dumps(result).encode()
