@@ -35,6 +35,12 @@ class ServiceOptions:
     defaults: RequestDefaults = RequestDefaults()
     narrow_filter: bool = False
     bind_grace_s: float = 30.0
+    # Arriving pods reach learning policies (fragaware) in batches at most this often once it has a
+    # first picture (LEARN_BOOTSTRAP pods): each relearn may re-score every node for every shape.
+    relearn_interval_s: float = 10.0
+
+
+LEARN_BOOTSTRAP = 16
 
 
 class BadRequest(ValueError):
@@ -66,6 +72,10 @@ class ExtenderService:
         )
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.ready = threading.Event()
+        self._to_learn: list[PodInfo] = []
+        self._learned = 0
+        self._last_learn = float("-inf")
+        self.clock = time.monotonic
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -84,6 +94,18 @@ class ExtenderService:
         if len(self._recent) > _RECENT_PODS:
             self._recent.popitem(last=False)
         return new
+
+    def _learn(self, info: PodInfo) -> None:
+        """Feed an arriving pod to its policy; batched so a burst causes at most one relearn per interval."""
+        self._to_learn.append(info)
+        now = self.clock()
+        if self._learned >= LEARN_BOOTSTRAP and now - self._last_learn < self.options.relearn_interval_s:
+            return
+        for pod in self._to_learn:
+            self.planner.observe(pod)
+        self._learned += len(self._to_learn)
+        self._to_learn.clear()
+        self._last_learn = now
 
     def _release_stale(self, info: PodInfo) -> None:
         if self.sync.unbound:
@@ -125,7 +147,7 @@ class ExtenderService:
         try:
             with self.lock:
                 if first_time:
-                    self.planner.observe(info)  # policies that learn the arriving workload (fragaware)
+                    self._learn(info)
                 evaluation = self._evaluate(info, names)
                 if self.options.narrow_filter:
                     evaluation = self.planner.narrow(evaluation)
@@ -213,7 +235,7 @@ class ExtenderService:
                 self.binder.write_assignment(
                     namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, assignment=assignment
                 )
-            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid or args.PodUID, node=args.Node)
+            self._bind_checked(args, uid)
         except Exception as exc:
             with self.lock:
                 self.inflight.discard(key)

@@ -1,0 +1,166 @@
+"""ExtenderService and StateSync without HTTP: bind rollback, stale reservations, bind grace, learning."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from scheduler_extender import schema
+from scheduler_extender.service import LEARN_BOOTSTRAP, ExtenderService, ServiceOptions
+from vgpu import annotations as ann
+from vgpu.annotations import Assignment
+from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.state import ClusterState
+
+
+class FakeBinder:
+    """In-memory apiserver stand-in that can be told to fail each step."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.written: dict[str, Assignment] = {}
+        self.failed: list[str] = []
+        self.fail_write = self.fail_bind = False
+        self.bind_lands_anyway = False
+
+    def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        if self.fail_write:
+            raise RuntimeError("apiserver said 500")
+        self.written[f"{namespace}/{name}"] = assignment
+
+    def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        if self.bind_lands_anyway:
+            self.pods[f"{namespace}/{name}"]["spec"]["nodeName"] = node
+        if self.fail_bind or self.bind_lands_anyway:
+            raise TimeoutError("binding timed out")
+        self.pods[f"{namespace}/{name}"]["spec"]["nodeName"] = node
+
+    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
+        self.failed.append(f"{namespace}/{name}")
+
+
+def _state() -> ClusterState:
+    state = ClusterState()
+    for n in ("a", "b"):
+        state.upsert_node(NodeInventory(n, tuple(GpuDevice(f"GPU-{n}-{i}", i, "H100", 81920) for i in range(2))))
+    return state
+
+
+def _pod(name: str, pct: int = 50, **meta: Any) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": str(pct), "nvidia.com/gpucores": str(pct)}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": str(uuid.uuid4()), **meta},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
+
+
+def _bind(svc: ExtenderService, pod: dict[str, Any], node: str) -> str:
+    m = pod["metadata"]
+    args = schema.ExtenderBindingArgs(PodName=m["name"], PodNamespace="ns", PodUID=m["uid"], Node=node)
+    return svc.bind(args)["Error"]
+
+
+@pytest.fixture
+def setup() -> tuple[ExtenderService, FakeBinder]:
+    binder = FakeBinder()
+    return ExtenderService(_state(), binder), binder
+
+
+def test_bind_writes_then_binds_and_holds_the_slice(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    assert _bind(svc, pod, "a") == ""
+    assert binder.written["ns/p"].node == "a" and pod["spec"]["nodeName"] == "a"
+    assert svc.state.assignments["ns/p"] == binder.written["ns/p"] and not svc.inflight
+
+
+@pytest.mark.parametrize("step", ["fail_write", "fail_bind"])
+def test_a_failed_write_or_binding_releases_and_marks_failed(
+    setup: tuple[ExtenderService, FakeBinder], step: str
+) -> None:
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    setattr(binder, step, True)
+    err = _bind(svc, pod, "a")
+    assert "binding failed" in err and "ns/p" in err
+    assert "ns/p" not in svc.state.assignments and not svc.inflight
+    assert binder.failed == ["ns/p"]
+    assert svc.state.totals()["memory_used_mib"] == 0
+
+
+def test_a_binding_that_timed_out_but_landed_counts_as_bound(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    binder.bind_lands_anyway = True
+    assert _bind(svc, pod, "a") == ""
+    assert "ns/p" in svc.state.assignments and binder.failed == []
+
+
+def test_recreated_pod_is_refused_by_uid(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    old = _pod("p")
+    binder.pods["ns/p"] = _pod("p")  # same name, new UID
+    err = _bind(svc, old, "a")
+    assert "UID changed" in err and "ns/p" not in svc.state.assignments
+
+
+def test_a_pod_filtered_again_drops_its_stale_reservation(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, _binder = setup
+    pod = _pod("p", 100)
+    svc.state.apply(
+        "ns/p", Assignment("a", (ann.ContainerAssignment("c", (ann.DeviceSlice("GPU-a-0", 0, 81920, 100),)),))
+    )
+    result = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a"]))
+    assert result["NodeNames"] == ["a"]  # both GPUs free again: the old reservation was released
+    assert "ns/p" not in svc.state.assignments
+
+
+def test_assignment_without_binding_expires_after_the_grace() -> None:
+    now = [1000.0]
+    svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(bind_grace_s=30))
+    svc.sync.clock = lambda: now[0]
+    a = Assignment("a", (ann.ContainerAssignment("c", (ann.DeviceSlice("GPU-a-0", 0, 40960, 50),)),))
+    pod = _pod("p")
+    pod["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(a),
+        ann.POD_BIND_PHASE: "allocating",
+        ann.POD_BIND_TIME: "990.0",
+    }
+    svc.pod_event("ADDED", pod)
+    assert "ns/p" in svc.state.assignments  # may still land: reserved
+    now[0] = 1019.0
+    svc.expire_unbound()
+    assert "ns/p" in svc.state.assignments
+    now[0] = 1021.0
+    svc.expire_unbound()
+    assert "ns/p" not in svc.state.assignments
+    svc.pod_event("MODIFIED", pod)  # a later event of the same stale pod does not re-reserve
+    assert "ns/p" not in svc.state.assignments
+    pod["spec"]["nodeName"] = "a"  # ... but the binding landing does
+    svc.pod_event("MODIFIED", pod)
+    assert svc.state.assignments["ns/p"] == a
+
+
+def test_learning_is_batched_after_the_bootstrap() -> None:
+    observed: list[str] = []
+    svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(relearn_interval_s=10))
+    now = [0.0]
+    svc.clock = lambda: now[0]
+    policy = svc.planner.policy(svc.planner.config.node_policy)
+    policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
+    for i in range(LEARN_BOOTSTRAP + 5):
+        svc.filter(schema.ExtenderArgs(Pod=_pod(f"p{i}", 10), NodeNames=["a", "b"]))
+    assert len(observed) == LEARN_BOOTSTRAP  # the bootstrap pods at once, then held back for the interval
+    now[0] = 11.0
+    svc.filter(schema.ExtenderArgs(Pod=_pod("late", 10), NodeNames=["a"]))
+    assert len(observed) == LEARN_BOOTSTRAP + 6 and observed[-1] == "late"
+    svc.filter(schema.ExtenderArgs(Pod=_pod("late", 10) | {}, NodeNames=["a"]))  # a new UID, held
+    assert len(observed) == LEARN_BOOTSTRAP + 6
