@@ -71,6 +71,8 @@ class PlacementConfig:
     core_scaling: float = 1.0
     memory_scaling: float = 1.0
     narrow_filter: bool = False
+    # How fine scores become kube-scheduler's 0..10 (vgpu.planner.to_priorities): "rank" or "minmax".
+    priority_mapping: Literal["rank", "minmax"] = "rank"
     roles: RoleRules = field(default_factory=RoleRules)
     # Schedule onto GPUs whose node inventory reports them unhealthy: never by default.
     allow_unhealthy: bool = False

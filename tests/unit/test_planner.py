@@ -12,7 +12,7 @@ from tests.conftest import assert_invariants, make_assignment, make_info, make_n
 from vgpu.config import PlacementConfig
 from vgpu.errors import UnknownPolicyError
 from vgpu.placement import registry
-from vgpu.planner import MAX_PRIORITY, Evaluation, NodeResult, Planner, to_priorities
+from vgpu.planner import MAX_PRIORITY, Evaluation, NodeResult, Planner, PriorityMapping, to_priorities
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import ClusterState
@@ -113,8 +113,8 @@ def test_evaluate_sees_a_recreated_node() -> None:
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=4), st.floats(-2, 2, allow_nan=False), max_size=30))
-def test_to_priorities_maps_onto_0_to_10(scores: dict[str, float]) -> None:
-    prios = to_priorities(scores)
+def test_minmax_priorities_map_onto_0_to_10(scores: dict[str, float]) -> None:
+    prios = to_priorities(scores, "minmax")
     assert prios.keys() == scores.keys()
     assert all(0 <= v <= MAX_PRIORITY for v in prios.values())
     if scores:
@@ -138,12 +138,31 @@ def test_to_priorities_maps_onto_0_to_10(scores: dict[str, float]) -> None:
         ({"a": -1.0, "b": 0.04, "c": 0.0}, {"a": 0, "b": 10, "c": 10}),
     ],
 )
-def test_to_priorities_table(scores: dict[str, float], expected: dict[str, int]) -> None:
-    assert to_priorities(scores) == expected
+def test_minmax_priorities_table(scores: dict[str, float], expected: dict[str, int]) -> None:
+    assert to_priorities(scores, "minmax") == expected
 
 
-def _planner_with_tiers() -> Planner:
-    p = Planner(ClusterState(PlacementConfig(node_policy="binpack")))
+@given(st.dictionaries(st.text(min_size=1, max_size=4), st.floats(-2, 2, allow_nan=False), max_size=30))
+def test_rank_priorities_give_the_best_ten_nodes_10_down_to_1(scores: dict[str, float]) -> None:
+    prios = to_priorities(scores)
+    assert prios.keys() <= scores.keys() and len(prios) == min(len(scores), MAX_PRIORITY)
+    assert sorted(prios.values(), reverse=True) == list(range(MAX_PRIORITY, MAX_PRIORITY - len(prios), -1))
+    for a in scores:
+        for b in scores:
+            if scores[a] < scores[b] and a in prios:
+                assert prios.get(b, 0) > prios[a]  # a better node is never ranked lower
+    assert to_priorities(dict(reversed(list(scores.items())))) == prios  # ties: stable, not input order
+
+
+def test_rank_priorities_break_ties_the_same_way_in_every_call() -> None:
+    tied = {f"node-{i}": 0.5 for i in range(50)}
+    first = to_priorities(tied)
+    assert len(first) == MAX_PRIORITY and first == to_priorities(dict(sorted(tied.items(), reverse=True)))
+    assert to_priorities({**tied, "node-x": 0.6})["node-x"] == MAX_PRIORITY
+
+
+def _planner_with_tiers(mapping: PriorityMapping = "rank") -> Planner:
+    p = Planner(ClusterState(PlacementConfig(node_policy="binpack", priority_mapping=mapping)))
     for name, used in (("full", 60000), ("twin", 60000), ("half", 30000), ("empty", 0)):
         p.state.upsert_node(make_node(name, 1))
         if used:
@@ -154,8 +173,8 @@ def _planner_with_tiers() -> Planner:
     return p
 
 
-def test_narrow_keeps_only_the_top_tier() -> None:
-    p = _planner_with_tiers()
+def test_narrow_keeps_only_the_top_tier_minmax() -> None:
+    p = _planner_with_tiers("minmax")
     ev = p.evaluate(make_info(gpumem=8192))
     assert set(ev.feasible) == {"full", "twin", "half", "empty"}
     narrowed = p.narrow(ev)
@@ -166,6 +185,18 @@ def test_narrow_keeps_only_the_top_tier() -> None:
     assert narrowed.unresolvable == ev.unresolvable and "tiny" in narrowed.unresolvable
     assert narrowed.failed["busy"] == ev.failed["busy"]
     assert set(ev.feasible) == {"full", "twin", "half", "empty"}  # the input is not changed
+
+
+def test_narrow_with_rank_keeps_the_single_best_node_tie_broken_stably() -> None:
+    p = _planner_with_tiers()
+    ev = p.evaluate(make_info(gpumem=8192))
+    narrowed = p.narrow(ev)
+    (kept,) = narrowed.feasible
+    assert kept in {"full", "twin"}  # the two fullest tie; the stable per-node order picks one
+    assert (
+        kept == p.narrow(_planner_with_tiers().evaluate(make_info(gpumem=8192))).feasible.keys().__iter__().__next__()
+    )
+    assert {"full", "twin", "half", "empty"} - {kept} <= set(narrowed.failed)
 
 
 def test_narrow_of_nothing_feasible_is_the_same_evaluation() -> None:

@@ -41,8 +41,11 @@ def test_choose_modes() -> None:
     ev = Evaluation(feasible={n: NodeResult(None, score=s) for n, s in {"a": 0.0, "b": 0.96, "c": 1.0}.items()})
     rank = {"a": 0, "b": 1, "c": 2}
     assert choose(ev, "best", rank, random.Random(0)) == "c"
-    # b and c share the top bucket (10); the narrow filter re-buckets them and keeps only c.
-    assert {choose(ev, "prioritize", rank, random.Random(s)) for s in range(20)} == {"b", "c"}
+    # min-max buckets: b and c share the top bucket (10); the narrow filter re-buckets them and keeps only c.
+    assert {choose(ev, "prioritize-minmax", rank, random.Random(s)) for s in range(20)} == {"b", "c"}
+    assert {choose(ev, "narrow-minmax", rank, random.Random(s)) for s in range(20)} == {"c"}
+    # rank priorities: only the best node gets 10.
+    assert {choose(ev, "prioritize", rank, random.Random(s)) for s in range(20)} == {"c"}
     assert {choose(ev, "narrow", rank, random.Random(s)) for s in range(20)} == {"c"}
     assert choose(Evaluation(), "best", rank, random.Random(0)) is None
 

@@ -2,10 +2,11 @@
 
 Modes of choosing among the planner's feasible nodes:
 - `best`: the highest fine score; ties go to the node first in the seed's fixed node order (the paper).
-- `prioritize`: what kube-scheduler does with our /prioritize answer: integer 0..10 buckets
-  (`to_priorities`), then a uniformly random node of the top bucket.
+- `prioritize`: what kube-scheduler does with our /prioritize answer: integer 0..10 priorities
+  (`to_priorities`, the default rank mapping), then a uniformly random node of the top bucket.
 - `narrow`: the narrow filter (DESIGN §5): /filter keeps only the top bucket, /prioritize then re-buckets
   those nodes (skipped when only one is left) and kube-scheduler picks randomly in the new top bucket.
+- `prioritize-minmax`, `narrow-minmax`: the same with min-max buckets, to show what that mapping costs.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vgpu.config import PlacementConfig
-from vgpu.planner import Evaluation, NodeResult, Planner, to_priorities
+from vgpu.planner import Evaluation, NodeResult, Planner, PriorityMapping, to_priorities
 from vgpu.replay.protocol import arrivals, node_order
 from vgpu.replay.trace import NodeRow, PodRow, to_inventory, to_pod_info
 from vgpu.state import ClusterState, HostUse
 
-Mode = Literal["best", "prioritize", "narrow"]
-MODES: tuple[Mode, ...] = ("best", "prioritize", "narrow")
+Mode = Literal["best", "prioritize", "narrow", "prioritize-minmax", "narrow-minmax"]
+MODES: tuple[Mode, ...] = ("best", "prioritize", "narrow", "prioritize-minmax", "narrow-minmax")
 
 
 @dataclass(slots=True)
@@ -56,8 +57,8 @@ def _pick_best(ev: Evaluation, rank: dict[str, int]) -> str:
     return best_name
 
 
-def _top_bucket(results: dict[str, NodeResult]) -> list[str]:
-    prios = to_priorities({n: r.score for n, r in results.items()})
+def _top_bucket(results: dict[str, NodeResult], mapping: PriorityMapping) -> list[str]:
+    prios = to_priorities({n: r.score for n, r in results.items()}, mapping)
     top = max(prios.values())
     return [n for n, p in prios.items() if p == top]
 
@@ -68,9 +69,10 @@ def choose(ev: Evaluation, mode: Mode, rank: dict[str, int], rng: random.Random)
         return None
     if mode == "best":
         return _pick_best(ev, rank)
-    top = _top_bucket(ev.feasible)
-    if mode == "narrow" and len(top) > 1:
-        top = _top_bucket({n: ev.feasible[n] for n in top})
+    mapping: PriorityMapping = "minmax" if mode.endswith("-minmax") else "rank"
+    top = _top_bucket(ev.feasible, mapping)
+    if mode.startswith("narrow") and len(top) > 1:
+        top = _top_bucket({n: ev.feasible[n] for n in top}, mapping)
     top.sort(key=rank.__getitem__)  # deterministic per seed, independent of dict order
     return top[rng.randrange(len(top))]
 
