@@ -32,8 +32,12 @@ from tests.integration.extender_server import running_extender
 
 GPU_MEM = 81920
 FILLS = (0, 25, 50, 75, 100)  # mean 50 % per GPU
-SHAPES = ((10, 10), (20, 20), (25, 30), (40, 40), (50, 50))
-ROLES = ("prefill", "decode", "decode", None)
+# Pods come from deployments, so shapes repeat: (gpumem %, gpucores %, role, model) per template.
+TEMPLATES = tuple(
+    (mem, cores, role, f"model-{m}")
+    for m in range(3)
+    for mem, cores, role in ((25, 40, "prefill"), (20, 20, "decode"), (10, 10, "decode"), (50, 50, None))
+)
 
 
 def make_cluster(nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
@@ -60,10 +64,9 @@ def make_cluster(nodes: int, gpus: int, rng: random.Random) -> dict[str, Any]:
     return {"version": "v1", "nodes": node_list, "allocations": allocations}
 
 
-def make_pod(i: int, rng: random.Random, *, gpu: bool = True) -> dict[str, Any]:
-    mem, cores = rng.choice(SHAPES)
-    role = rng.choice(ROLES)
-    labels = {"llm-d.ai/model": f"model-{i % 3}"} | ({"llm-d.ai/role": role} if role else {})
+def make_pod(i: int, rng: random.Random, *, gpu: bool = True, template: int | None = None) -> dict[str, Any]:
+    mem, cores, role, model = TEMPLATES[template] if template is not None else rng.choice(TEMPLATES)
+    labels = {"llm-d.ai/model": model} | ({"llm-d.ai/role": role} if role else {})
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": str(mem), "nvidia.com/gpucores": str(cores)}
     return {
         "metadata": {"name": f"bench-{i}", "namespace": "bench", "uid": str(uuid.uuid4()), "labels": labels},
@@ -102,6 +105,12 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--policy", default="default")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="names per /filter, rotating like kube-scheduler's percentageOfNodesToScore (0 = all nodes)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -138,13 +147,18 @@ def main() -> int:
                 f, p, _ = cycle(client, url, make_pod(10**6 + i, rng, gpu=False), names, bind=False)
                 noop.append(f + p)
             cold = []
-            for i, _ in enumerate(SHAPES * len(ROLES)):
-                f, p, _ = cycle(client, url, make_pod(10**7 + i, rng), names, bind=False)
+            for t in range(len(TEMPLATES)):
+                f, p, _ = cycle(client, url, make_pod(10**7 + t, rng, template=t), names, bind=False)
                 cold.append(f + p)
             fp, filt, prio, binds = [], [], [], []
             t_run = time.perf_counter()
+            start = 0
             for i in range(args.pods):
-                f, p, b = cycle(client, url, make_pod(i, rng), names, bind=True)
+                asked = names
+                if args.sample:
+                    asked = (names[start:] + names[:start])[: args.sample]
+                    start = (start + args.sample) % len(names)
+                f, p, b = cycle(client, url, make_pod(i, rng), asked, bind=True)
                 fp.append(f + p)
                 filt.append(f)
                 prio.append(p)
@@ -157,6 +171,7 @@ def main() -> int:
         "occupancy": round(occupancy, 3),
         "pods": args.pods,
         "policy": args.policy,
+        "names_per_filter": args.sample or args.nodes,
         "server_pinned_to_one_core": bool(pin),
         "startup_s": round(startup, 2),
         "healthz_p50_ms": statistics.median(health) * ms,
