@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -104,6 +104,12 @@ class ExtenderMetrics:
             "Undecodable or conflicting annotations seen",
             ["kind"],
             registry=self.registry,
+        )
+        self.pending = Gauge(
+            "vgpu_extender_pending_pods", "vGPU pods whose last /filter found no node", registry=self.registry
+        )
+        self.inflight = Gauge(
+            "vgpu_extender_inflight_binds", "Binds between reserve and Binding", registry=self.registry
         )
         self.bad_requests = Counter(
             "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry

@@ -17,7 +17,7 @@ from typing import Any
 from scheduler_extender import schema
 from scheduler_extender.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.sync import StateSync
+from scheduler_extender.sync import StateSync, pod_key
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
@@ -72,6 +72,7 @@ class ExtenderService:
         )
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.ready = threading.Event()
+        self.unschedulable: set[str] = set()  # pods whose last /filter found no node
         self._to_learn: list[PodInfo] = []
         self._learned = 0
         self._last_learn = float("-inf")
@@ -162,6 +163,10 @@ class ExtenderService:
         feasible = evaluation.feasible
         if not feasible:
             self.metrics.filter_failure("no-fit")
+            self.unschedulable.add(info.key)
+        else:
+            self.unschedulable.discard(info.key)
+        self.metrics.pending.set(len(self.unschedulable))
         if items is None:
             return schema.filter_result(
                 node_names=[n for n in names if n in feasible],
@@ -230,6 +235,7 @@ class ExtenderService:
                 except CapacityError as exc:  # cannot happen after a fresh fit; keep it loud
                     return self._bind_failed(key, args.Node, str(exc))
             self.inflight.add(key)
+            self.metrics.inflight.set(len(self.inflight))
         try:
             if assignment is not None:
                 self.binder.write_assignment(
@@ -239,6 +245,7 @@ class ExtenderService:
         except Exception as exc:
             with self.lock:
                 self.inflight.discard(key)
+                self.metrics.inflight.set(len(self.inflight))
                 if assignment is not None:
                     self.state.release(key)
             if assignment is not None:
@@ -251,6 +258,9 @@ class ExtenderService:
             return self._bind_failed(key, args.Node, f"binding failed: {exc}")
         with self.lock:
             self.inflight.discard(key)
+            self.unschedulable.discard(key)
+            self.metrics.inflight.set(len(self.inflight))
+            self.metrics.pending.set(len(self.unschedulable))
         self.metrics.bound(time.perf_counter() - started)
         slices = [f"{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in assignment.slices()] if assignment else []
         log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
@@ -287,6 +297,11 @@ class ExtenderService:
     def pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         with self.lock:
             self.sync.pod_event(kind, pod)
+            if kind == "DELETED" or (pod.get("spec") or {}).get("nodeName"):
+                key = pod_key(pod)
+                if key in self.unschedulable:
+                    self.unschedulable.discard(key)
+                    self.metrics.pending.set(len(self.unschedulable))
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         with self.lock:

@@ -164,3 +164,19 @@ def test_learning_is_batched_after_the_bootstrap() -> None:
     assert len(observed) == LEARN_BOOTSTRAP + 6 and observed[-1] == "late"
     svc.filter(schema.ExtenderArgs(Pod=_pod("late", 10) | {}, NodeNames=["a"]))  # a new UID, held
     assert len(observed) == LEARN_BOOTSTRAP + 6
+
+
+def test_pending_pods_gauge_follows_filter_results(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    big = _pod("big", 100)
+    big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"  # no node has 3 GPUs
+    svc.filter(schema.ExtenderArgs(Pod=big, NodeNames=["a", "b"]))
+    gauge = svc.metrics.registry.get_sample_value
+    assert gauge("vgpu_extender_pending_pods") == 1
+    small = _pod("small", 10)
+    binder.pods["ns/small"] = small
+    svc.filter(schema.ExtenderArgs(Pod=small, NodeNames=["a"]))
+    assert gauge("vgpu_extender_pending_pods") == 1
+    svc.pod_event("DELETED", big)
+    assert gauge("vgpu_extender_pending_pods") == 0
+    assert _bind(svc, small, "a") == "" and gauge("vgpu_extender_inflight_binds") == 0
