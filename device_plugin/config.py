@@ -51,6 +51,8 @@ class PluginConfig:
     discovery_port: str = "8000"  # the model server port written into that file
     fake_nvml: str = ""  # path of a fake-NVML scenario (tests and demos); empty = real pynvml
     kubeconfig: str = ""
+    log_level: str = "info"
+    log_format: str = "text"  # text | json (one object per line)
 
     def validate(self) -> PluginConfig:
         if not self.node_name:
@@ -65,6 +67,10 @@ class PluginConfig:
                 raise ValueError(f"{name} must be 0..65535")
         if self.epp_port and self.epp_port in (self.metrics_port, 9400):
             raise ValueError("epp_port must differ from metrics_port and from dcgm-exporter's 9400")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level must be one of debug, info, warning, error, got {self.log_level!r}")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         return self
 
 
@@ -72,20 +78,73 @@ def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(PluginConfig)}[name]
     if kind == "bool":
         return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
-    if kind == "int":
-        return int(raw)
-    if kind == "float":
-        return float(raw)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected {'an integer' if kind == 'int' else 'a number'}, got {raw!r}") from None
     return str(raw)
+
+
+_HELP = {
+    "node_name": "this node's name (also NODE_NAME from the downward API)",
+    "resource_name": "extended resource advertised to the kubelet",
+    "split_count": "slices (device replicas) advertised per GPU",
+    "plugin_dir": "kubelet device-plugins folder (our socket and kubelet.sock)",
+    "socket_name": "our socket's file name in plugin_dir",
+    "pod_resources_socket": "kubelet PodResources API socket (pod identity for Allocate)",
+    "mps": "hand out MPS limits (CUDA_MPS_*) and mount the MPS pipe",
+    "cache_dir_on_host": "host folder for HAMi-core's shared memory cache per container",
+    "inventory_refresh_s": "seconds between node inventory annotation refreshes",
+    "health_probe_s": "seconds between NVML health probes",
+    "xid_recovery_s": "seconds without a critical XID before a GPU is healthy again",
+    "allocate_retry_s": "seconds Allocate waits for a pod's assignment to appear",
+    "reconcile_s": "seconds between bind-phase reconciliations",
+    "watchdog": "run the enforcement watchdog",
+    "watchdog_interval_s": "seconds between watchdog cycles",
+    "enforcement_steps": "ordered escalation steps, a subset of event,annotate,evict",
+    "enforcement_dry_run": "log and count enforcement actions without taking them",
+    "sm_window_s": "seconds SM use must stay over the quota to count as a violation",
+    "sm_tolerance": "percentage points of SM over the quota that never count",
+    "escalate_after_s": "seconds a violation lasts before the next step",
+    "hard_memory_limits": "cap container GPU memory with nvmlDeviceSetMemoryLimits_v1 where supported",
+    "proc_root": "the host's /proc (needs hostPID)",
+    "cgroup_root": "the host's cgroup tree",
+    "pods_refresh_s": "seconds between pod list refreshes",
+    "metrics_port": "Prometheus exporter port (0 = off)",
+    "epp_port": "EPP feed port serving DCGM_FI_DEV_GPU_UTIL per slice (0 = off)",
+    "metrics_host": "address the exporters listen on",
+    "discovery_file": "llm-d file-discovery endpoints file to keep up to date (empty = off)",
+    "discovery_port": "model-server port written into the discovery file",
+    "fake_nvml": "fake-NVML scenario file instead of the real driver (tests, demos)",
+    "kubeconfig": "kubeconfig path (default: in-cluster config)",
+    "log_level": "debug, info, warning or error",
+    "log_format": "text, or json for one object per line",
+}
 
 
 def load(argv: Sequence[str], env: Mapping[str, str]) -> PluginConfig:
     """Build the config: file (--config, `version: v1`) < env VGPU_DP_<FIELD> (and NODE_NAME) < flags."""
     fields = [f.name for f in dataclasses.fields(PluginConfig)]
-    parser = argparse.ArgumentParser(prog="vgpu-device-plugin")
-    parser.add_argument("--config", default=env.get(ENV_PREFIX + "CONFIG", ""))
+    parser = argparse.ArgumentParser(
+        prog="vgpu-device-plugin",
+        description="Per-node kubelet device plugin: advertises shareable GPUs, hands each container its slice, "
+        "watches and enforces slices through NVML, exports telemetry (docs/device-plugin.md).",
+        epilog=f"Every option is also an env variable {ENV_PREFIX}<OPTION> (upper case, underscores) and a key of "
+        "the --config file (YAML, version: v1). Precedence: flags > env > file > defaults.",
+    )
+    parser.add_argument("--config", default=env.get(ENV_PREFIX + "CONFIG", ""), help="YAML config file (version: v1)")
+    defaults = PluginConfig()
     for name in fields:
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None)
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            metavar=name.upper(),
+            help=f"{_HELP.get(name, name.replace('_', ' '))} (default: {getattr(defaults, name)!r})",
+        )
     args = parser.parse_args(list(argv))
     values: dict[str, Any] = {}
     if args.config:

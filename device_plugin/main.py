@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from device_plugin.kube import KubePodSource
 from device_plugin.nvml import real
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.podresources import PodResourcesClient
+from vgpu import logs
 
 
 def _api(kubeconfig: str) -> k8s.CoreV1Api:
@@ -37,8 +37,12 @@ def _nvml(fake_scenario: str) -> NvmlBackend:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    conf = cfg.load(sys.argv[1:] if argv is None else argv, os.environ)
+    try:
+        conf = cfg.load(sys.argv[1:] if argv is None else argv, os.environ)
+    except (ValueError, OSError) as exc:
+        print(f"vgpu-device-plugin: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(conf.log_level, conf.log_format)
     pods = KubePodSource(_api(conf.kubeconfig))
     plugin = Plugin(
         conf,

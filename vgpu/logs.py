@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
 
@@ -42,7 +44,10 @@ class TextFormatter(logging.Formatter):
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:
-    if fmt not in ("text", "json"):
+    """Replace the root logger's handlers with one on stderr (idempotent: repeated calls do not stack).
+
+    Stderr only, so a command's stdout carries just its result and can be piped."""
+    if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r}: allowed text, json")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

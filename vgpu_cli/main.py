@@ -6,7 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from vgpu_cli import demo, logs, replay, show
+from vgpu import logs
+from vgpu_cli import demo, replay, show
 from vgpu_cli.common import CliError, Subparsers
 
 # Every subcommand: a module exposing add_parser(subparsers) that sets `func` (args -> exit code).

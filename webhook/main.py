@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from webhook import certs, config_load, logs
+from vgpu import logs
+from webhook import certs, config_load
 from webhook.admission import Settings
 from webhook.config import ConfigError, WebhookConfig
 from webhook.inventory import InventorySource, NodeAnnotationInventory, NoInventory, StaticInventory
@@ -58,7 +59,7 @@ def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: Colle
 
 
 def serve(cfg: WebhookConfig) -> int:
-    logs.setup(fmt=cfg.log_format, level=cfg.log_level)
+    logs.configure(cfg.log_level, cfg.log_format)
     inventory = make_inventory(cfg)
     server = build_server(cfg, inventory, CollectorRegistry())
     log.info("serving AdmissionReviews on https://%s:%d (scheduler %s)", cfg.host, server.port, cfg.scheduler_name)
@@ -83,7 +84,7 @@ def install_certs(args: argparse.Namespace) -> int:
 
     from webhook import cert_job
 
-    logs.setup()
+    logs.configure()
     if args.kubeconfig:
         api_client = kube_config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     else:
