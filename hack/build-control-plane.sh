@@ -76,8 +76,14 @@ cd "$WRAP"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 log "resolving k8s.io/kubernetes@$K8S_VERSION"
-upstream_mod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-[[ -f "$upstream_mod" ]] || { log "could not download go.mod of k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+dl_json=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" || true)
+upstream_mod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' <<<"$dl_json")
+if [[ ! -f "$upstream_mod" ]]; then
+  log "could not download k8s.io/kubernetes@$K8S_VERSION from the module proxy:"
+  sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/  \1/p' <<<"$dl_json" >&2
+  log "try a neighbouring release with KUBE_VGPU_K8S_VERSION=..."
+  exit 1
+fi
 
 # v1.MINOR.PATCH -> v0.MINOR.PATCH (pre-release suffixes carry over: v1.35.0-rc.1 -> v0.35.0-rc.1)
 staging_version="v0.${K8S_VERSION#v1.}"
@@ -126,6 +132,7 @@ done
 
 tmpbin="$WORK/bin.tmp.$$"
 rm -rf "$tmpbin"; mkdir -p "$tmpbin"
+trap 'rm -rf "$tmpbin"' EXIT
 log "building (CGO_ENABLED=0, nice 10); a cold build takes a long while on 2 cores"
 CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$tmpbin/" "${pkgs[@]}"
 

@@ -7,6 +7,7 @@ a failure to build or start is an error. ``namespace`` (function): a fresh names
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries
 
 _E2E_DIR = Path(__file__).resolve().parent
 
@@ -29,10 +30,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+_build_error: BaseException | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build/install the binaries once, before any test runs, so a cold build (minutes) is not counted
+    against the per-test timeout. Only when a selected test uses the control plane; errors are raised
+    again by the ``control_plane`` fixture, i.e. every e2e test errors loudly."""
+    global _build_error
+    if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1" or session.config.option.collectonly:
+        return
+    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("e2e: building/locating kube-apiserver, kube-scheduler and etcd (cached) ...")
+    capman = session.config.pluginmanager.get_plugin("capturemanager")
+    try:  # show the build's progress (it may take minutes) instead of capturing it
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            bin_dir, etcd = ensure_binaries()
+    except Exception as e:  # re-raised by the fixture
+        _build_error = e
+        return
+    if reporter is not None:
+        reporter.write_line(f"e2e: binaries in {bin_dir}, etcd {etcd}")
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1":
         pytest.skip("KUBE_VGPU_SKIP_E2E=1: end-to-end tests against a real control plane are skipped")
+    if _build_error is not None:
+        raise ControlPlaneError(f"building the control plane failed: {_build_error}") from _build_error
     cp = ControlPlane()
     cp.start()  # builds/installs the binaries on first use; any failure raises (loudly) here
     try:

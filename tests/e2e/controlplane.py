@@ -359,20 +359,45 @@ def _stop_all() -> None:
 
 
 def _run_hack(script: str, *args: str) -> str:
-    proc = subprocess.run(
+    """Run hack/<script>; return the last line of its stdout. Its stderr goes to ours.
+
+    The script runs in its own process group, which is killed if we are interrupted (a test timeout, Ctrl-C),
+    so an interrupted build leaves no ``go build`` behind."""
+    proc = subprocess.Popen(
         ["bash", str(HACK / script), *args],
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=None,
         text=True,
-        check=False,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
+    try:
+        out, _ = proc.communicate()
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        raise
     if proc.returncode != 0:
         raise ControlPlaneError(f"hack/{script} {' '.join(args)} failed with exit code {proc.returncode}")
-    return proc.stdout.strip().splitlines()[-1]
+    lines = out.strip().splitlines()
+    if not lines:
+        raise ControlPlaneError(f"hack/{script} {' '.join(args)} printed no path")
+    return lines[-1]
+
+
+_binaries: tuple[Path, Path] | None = None
 
 
 def ensure_binaries() -> tuple[Path, Path]:
-    """(bin dir with kube-apiserver, kube-scheduler, kubectl; etcd path), building/installing if needed."""
+    """(bin dir with kube-apiserver, kube-scheduler, kubectl; etcd path), building/installing if needed.
+
+    ``KUBE_VGPU_BIN_DIR`` / ``KUBE_VGPU_ETCD`` override the scripts. The result is remembered per process."""
+    global _binaries
+    if _binaries is not None:
+        return _binaries
     bin_dir = os.environ.get("KUBE_VGPU_BIN_DIR") or _run_hack("build-control-plane.sh", "--print-bin-dir")
     etcd = os.environ.get("KUBE_VGPU_ETCD") or _run_hack("install-etcd.sh")
     bd = Path(bin_dir)
@@ -381,7 +406,8 @@ def ensure_binaries() -> tuple[Path, Path]:
             raise ControlPlaneError(f"{bd / b} is missing or not executable")
     if not os.access(etcd, os.X_OK):
         raise ControlPlaneError(f"etcd binary {etcd} is missing or not executable")
-    return bd, Path(etcd)
+    _binaries = (bd, Path(etcd))
+    return _binaries
 
 
 def _etcd_version(etcd: Path) -> tuple[int, ...]:
