@@ -47,17 +47,46 @@ class RequestDefaults:
 
 @dataclass(frozen=True, slots=True)
 class RoleRules:
-    """Hard role rules and the weights of the role-aware score (DESIGN §5)."""
+    """Hard role rules and the weights of the role-aware score (DESIGN §5; measured in docs/pd-packing.md)."""
 
     # Hard: a GPU holding a prefill slice never has more than 100 % of SMs reserved, and every slice
     # on it has a real SM reservation (a best-effort neighbour would steal a compute-bound prefill's SMs).
     protect_prefill_sms: bool = True
-    # Hard: decode slices per GPU, a stand-in for the memory-bandwidth budget they share.
-    max_decode_per_gpu: int = 4
-    # Soft (score, each 0..1 before weighting).
+    # Hard: decode slices per GPU (None: no limit); a coarse cap kept next to the bandwidth budget.
+    max_decode_per_gpu: int | None = 4
+    # Hard: the memory bandwidth decode slices of one GPU demand together, as a share of the GPU's
+    # (None: no limit). MPS and green contexts partition SMs, not bandwidth. A decode slice of c % SMs
+    # demands decode_mbu * min(1, c / decode_sat_cores) (0 cores = best effort: the full decode_mbu);
+    # vgpu/perf/params.py gives the sources (MBU ~0.6; decode saturates at 20-50 % of SMs).
+    decode_bandwidth_budget: float | None = 1.0
+    decode_mbu: float = 0.6
+    decode_sat_cores: int = 35
+    # Soft (score, each 0..1 before weighting). Locality 0.5: measured in docs/pd-packing.md, 0.15 lost
+    # to fragaware's score and paired P/D on a node for only ~70 % of prefills; above 0.5 nothing changes.
     complementarity_weight: float = 0.25
-    locality_weight: float = 0.15
+    locality_weight: float = 0.5
     prefill_pair_penalty: float = 0.5
+    # Order GPUs inside a node by role first (vgpu.fit.role_rank), before the GPU policy's own order.
+    gpu_role_order: bool = True
+
+    def decode_demand(self, cores: int) -> float:
+        """Share of a GPU's memory bandwidth one decode slice with `cores` % SMs consumes."""
+        if cores <= 0:
+            return self.decode_mbu
+        return self.decode_mbu * min(1.0, cores / self.decode_sat_cores)
+
+    @classmethod
+    def off(cls) -> RoleRules:
+        """No role rules at all: what a role-unaware scheduler (HAMi, plain binpack/spread) does."""
+        return cls(
+            protect_prefill_sms=False,
+            max_decode_per_gpu=None,
+            decode_bandwidth_budget=None,
+            complementarity_weight=0.0,
+            locality_weight=0.0,
+            prefill_pair_penalty=0.0,
+            gpu_role_order=False,
+        )
 
 
 @dataclass(frozen=True, slots=True)

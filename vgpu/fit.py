@@ -114,7 +114,8 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             if why is not None:
                 blocked[why] = blocked.get(why, 0) + 1
                 continue
-            candidates.append((role_rank(u, pod), rank(u, mem, cores, pod), dev.index, u, mem, cores))
+            by_role = role_rank(u, pod) if config.roles.gpu_role_order else 0
+            candidates.append((by_role, rank(u, mem, cores, pod), dev.index, u, mem, cores))
         if len(candidates) < req.count:
             need = f"{req.memory_mib} MiB" if req.memory_mib is not None else f"{req.memory_percentage}% memory"
             core_txt = "proportional cores" if req.cores is None else f"{req.cores}% cores"

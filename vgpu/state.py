@@ -101,8 +101,16 @@ def slice_blocker(
     want = u.cores_used + extra_cores + cores
     if want > cap:
         return "prefill-sm" if prefill_here and want <= int(d.cores * config.core_scaling) else "cores"
-    if role.does_decode and u.decode + extra_sharers + 1 > rules.max_decode_per_gpu:
-        return "decode-bandwidth"
+    if role.does_decode:
+        limit = rules.max_decode_per_gpu
+        if limit is not None and u.decode + extra_sharers + 1 > limit:
+            return "decode-bandwidth"
+        budget = rules.decode_bandwidth_budget
+        if budget is not None:
+            demand = sum(rules.decode_demand(h.cores) for h in u.holders if h.role.does_decode)
+            demand += (extra_sharers + 1) * rules.decode_demand(cores)
+            if demand > budget + 1e-9:
+                return "decode-bandwidth"
     return None
 
 

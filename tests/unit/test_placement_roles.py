@@ -27,7 +27,9 @@ def _gpus(p: Planner, pod_name: str = "p", **kw: object) -> tuple[str, list[int]
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_prefill_avoids_a_gpu_whose_sms_it_would_oversubscribe(policy: str) -> None:
-    p = planner(policy, core_scaling=2.0)  # other roles may oversubscribe SMs; prefill never
+    # Other roles may oversubscribe SMs; prefill never. (The decode bandwidth budget is off: two big
+    # decodes share GPU 1 here.)
+    p = planner(policy, core_scaling=2.0, roles=RoleRules(decode_bandwidth_budget=None))
     p.state.upsert_node(make_node("n", 2))
     p.state.apply("ns/d", make_assignment("n", [(0, 40000, 60)], role=Role.DECODE))
     p.state.apply("ns/e", make_assignment("n", [(1, 1000, 40)], role=Role.DECODE))

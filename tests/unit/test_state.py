@@ -86,7 +86,9 @@ D, P, PD = Role.DECODE, Role.PREFILL, Role.PREFILL_DECODE
         ([(P, 100, 60)], 10, (D, 100, 40), PlacementConfig(), None),
         ([(P, 100, 60)], 10, (D, 100, 0), PlacementConfig(), "prefill-sm"),
         ([(D, 100, 0)], 10, (P, 100, 50), PlacementConfig(), "prefill-sm"),
-        ([(D, 100, 0)], 10, (D, 100, 0), PlacementConfig(), None),
+        # Two best-effort decodes each demand the full decode MBU (0.6) of bandwidth: over the budget.
+        ([(D, 100, 0)], 10, (D, 100, 0), PlacementConfig(), "decode-bandwidth"),
+        ([(D, 100, 0)], 10, (D, 100, 0), PlacementConfig(roles=RoleRules(decode_bandwidth_budget=None)), None),
         ([], 10, (P, 100, 0), PlacementConfig(), None),  # alone, best effort is harmless
         (
             [(PD, 100, 60)],
@@ -99,6 +101,11 @@ D, P, PD = Role.DECODE, Role.PREFILL, Role.PREFILL_DECODE
         ([(D, 10, 10)] * 4, 10, (D, 10, 10), PlacementConfig(), "decode-bandwidth"),
         ([(D, 10, 10)] * 3, 10, (D, 10, 10), PlacementConfig(), None),
         ([(D, 10, 10)] * 4, 10, (PD, 10, 10), PlacementConfig(), None),
+        # Bandwidth: 0.6 * min(1, cores / 35) per decode, budget 1.0.
+        ([(D, 100, 30)], 10, (D, 100, 30), PlacementConfig(), "decode-bandwidth"),
+        ([(D, 100, 30)], 10, (D, 100, 20), PlacementConfig(), None),
+        ([(D, 100, 30)], 10, (P, 100, 50), PlacementConfig(), None),
+        ([(D, 100, 30)], 10, (D, 100, 30), PlacementConfig(roles=RoleRules(decode_sat_cores=70)), None),
         (
             [(D, 10, 10)] * 2,
             10,
