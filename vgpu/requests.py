@@ -11,6 +11,7 @@ from vgpu.errors import RequestError
 from vgpu.quantity import QuantityError, parse_int_quantity
 
 MAX_VGPUS_PER_CONTAINER = 64
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +112,14 @@ def parse_container(
         f"an integer 1..{MAX_VGPUS_PER_CONTAINER}",
     )
     raw_mem = values.get(names.memory)
-    if isinstance(raw_mem, str) and any(ch.isalpha() for ch in raw_mem):
-        # `gpumem: 20Gi` would otherwise read as 21474836480 MiB; HAMi's unit is MiB, so say so.
+    if isinstance(raw_mem, str) and raw_mem.strip().endswith(_BINARY_SUFFIXES):
+        # `gpumem: 20Gi` would read as 21474836480 MiB; HAMi's unit is MiB, so say so. Decimal suffixes
+        # stay valid: the apiserver itself rewrites 20000 as "20k".
         raise RequestError(
             container=cname,
             resource=names.memory,
             value=raw_mem,
-            allowed="a positive integer number of MiB without a unit suffix (e.g. 20480 for 20 GiB)",
+            allowed="a positive integer number of MiB without a binary unit suffix (e.g. 20480 for 20 GiB)",
         )
     mem = _get_int(values, cname, names.memory, 1, None, "a positive integer number of MiB")
     pct = _get_int(values, cname, names.memory_percentage, 1, 100, "an integer 1..100 (percent)")

@@ -97,6 +97,7 @@ def test_init_containers_without_vgpus_are_fine() -> None:
         # `gpu` alone: the whole GPU (100 % memory, cores proportional = 100 %), as HAMi users expect.
         ({GPU: 1}, (1, None, 100, None, 1)),
         ({GPU: "2", MEM: "1000"}, (2, 1000, None, None, 1)),
+        ({GPU: "1", MEM: "40k"}, (1, 40000, None, None, 1)),  # how the apiserver writes 40000 back
         ({GPU: "1", MEM: 2048}, (1, 2048, None, None, 1)),
         # gpumem only: one vGPU.
         ({MEM: 4096}, (1, 4096, None, None, 1)),
@@ -239,9 +240,9 @@ def test_unnamed_container_is_named_in_errors() -> None:
         parse_container({"resources": {"limits": {GPU: -3}}})
 
 
-@pytest.mark.parametrize("raw", ["20Gi", "1k", "500Mi", "2G"])
-def test_gpumem_with_a_unit_suffix_is_refused_with_the_mib_hint(raw: str) -> None:
+@pytest.mark.parametrize("raw", ["20Gi", "1Ki", "500Mi", "2Ti"])
+def test_gpumem_with_a_binary_unit_suffix_is_refused_with_the_mib_hint(raw: str) -> None:
     with pytest.raises(RequestError) as exc:
         parse_container({"name": "vllm", "resources": {"limits": {GPU: "1", MEM: raw}}})
     assert exc.value.resource == MEM and exc.value.value == raw
-    assert "without a unit suffix" in str(exc.value) and "20480 for 20 GiB" in str(exc.value)
+    assert "without a binary unit suffix" in str(exc.value) and "20480 for 20 GiB" in str(exc.value)
