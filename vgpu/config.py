@@ -65,6 +65,9 @@ class RoleRules:
     # to fragaware's score and paired P/D on a node for only ~70 % of prefills; above 0.5 nothing changes.
     complementarity_weight: float = 0.25
     locality_weight: float = 0.5
+    # A node already holding the pod's own pool (same model, any P/D role): keeps a deployment together
+    # while its counterpart has not arrived yet, so the counterpart later finds one node holding them.
+    pool_weight: float = 0.25
     prefill_pair_penalty: float = 0.5
     # Order GPUs inside a node by role first (vgpu.fit.role_rank), before the GPU policy's own order.
     gpu_role_order: bool = True
@@ -84,6 +87,7 @@ class RoleRules:
             decode_bandwidth_budget=None,
             complementarity_weight=0.0,
             locality_weight=0.0,
+            pool_weight=0.0,
             prefill_pair_penalty=0.0,
             gpu_role_order=False,
         )

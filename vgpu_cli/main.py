@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from vgpu import logs
-from vgpu_cli import demo, replay, show
+from vgpu_cli import demo, pd_bench, replay, show
 from vgpu_cli.common import CliError, Subparsers
 
 # Every subcommand: a module exposing add_parser(subparsers) that sets `func` (args -> exit code).
@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     demo.add_parser,
     show.add_parser,
     replay.add_parser,
+    pd_bench.add_parser,
 )
 
 

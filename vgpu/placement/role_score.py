@@ -20,7 +20,8 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
     complementarity: share of the pod's slices that land on a GPU holding the counterpart role of the
     same model (spatial P/D sharing); a prefill next to another prefill costs `prefill_pair_penalty`.
     locality: the node already hosts the counterpart role of the same model, so KV moves over NVLink
-    or PCIe instead of the network.
+    or PCIe instead of the network; failing that, `pool_weight` when it hosts the pod's own pool, so a
+    deployment whose prefills arrive before its decodes stays on one node.
     """
     other = counterpart(pod.role)
     if other is None:
@@ -37,8 +38,10 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
                 complement += 1
         score += rules.complementarity_weight * complement / len(slices)
         score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / len(slices)
-    if pod.model is not None and any(
-        model == pod.model and n > 0 and _is(role, other) for (role, model), n in node.role_models.items()
-    ):
-        score += rules.locality_weight
+    if pod.model is not None:
+        here = [role for (role, model), n in node.role_models.items() if model == pod.model and n > 0]
+        if any(_is(role, other) for role in here):
+            score += rules.locality_weight
+        elif here:
+            score += rules.pool_weight
     return score
