@@ -141,7 +141,15 @@ class Planner:
     def evaluate_node(self, node_name: str, pod: PodInfo) -> NodeResult:
         """Uncached: the fresh-state decision used at bind time."""
         node_policy, rank = self._resolve(pod)
-        return self._evaluate(node_name, pod, node_policy, rank)
+        return self._drawn(node_name, pod, node_policy, self._evaluate(node_name, pod, node_policy, rank))
+
+    @staticmethod
+    def _drawn(name: str, pod: PodInfo, policy: NodePolicy, result: NodeResult) -> NodeResult:
+        """Add the policy's per-pod part of the score, if it has one (see PodScored)."""
+        pod_score = getattr(policy, "pod_score", None)
+        if pod_score is None or result.placement is None:
+            return result
+        return NodeResult(result.placement, score=result.score + pod_score(name, pod))
 
     def _evaluate(self, node_name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> NodeResult:
         node = self.state.nodes.get(node_name)
@@ -161,7 +169,7 @@ class Planner:
     ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
         policy, rank = self._resolve(pod)
-        key = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
+        key: tuple[object, ...] = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
         cache = self._cache.get(key)
         if cache is None:
             cache = self._cache[key] = {}
@@ -169,6 +177,8 @@ class Planner:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
+        if hasattr(policy, "pod_score"):  # scores differ per pod: memoise per pod, fits stay cached per shape
+            key = (*key, pod.key, pod.uid)
         memo = self._memo.get(key)
         if memo is not None:
             self._memo.move_to_end(key)
@@ -243,11 +253,11 @@ class Planner:
         node = self.state.nodes.get(name)
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
-            return hit[1]
+            return self._drawn(name, pod, policy, hit[1])
         result = self._evaluate(name, pod, policy, rank)
         if node is not None:
             cache[name] = (node.version, result)
-        return result
+        return self._drawn(name, pod, policy, result)
 
     @staticmethod
     def _record(out: Evaluation, name: str, result: NodeResult) -> None:

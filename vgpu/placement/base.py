@@ -42,6 +42,16 @@ class NodeAwareRank(Protocol):
     def node_gpu_rank(self, node: NodeState, pod: PodInfo) -> GpuRank: ...
 
 
+@runtime_checkable
+class PodScored(Protocol):
+    """Optional for a policy: a part of the score drawn afresh for every pod (random), added to `score`.
+
+    The planner keeps node fits and `score` cached per (node version, pod shape, epoch) as usual and only
+    recomputes this part per pod, so such a policy's `epoch` need not move with every pod."""
+
+    def pod_score(self, node_name: str, pod: PodInfo) -> float: ...
+
+
 def share_after(node: NodeState, placement: NodePlacement) -> float:
     """Mean reserved share of the node's GPUs once the placement is applied."""
     if not node.gpus:

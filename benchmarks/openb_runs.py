@@ -1,0 +1,120 @@
+"""Resumable openb replays: one JSON per (trace, policy, mode, seed), then a table of mean ± sd at chosen x.
+
+    python benchmarks/openb_runs.py run --trace default --policy fgd --policy bestfit --seeds 42-51
+    python benchmarks/openb_runs.py table --x 95,100,130
+
+Each finished run is written at once under `--dir` (default benchmarks/results/runs), and a run whose
+file exists is skipped, so a long campaign on a shared machine can be stopped and resumed without losing
+work. `vgpu replay` stays the user-facing command; this is the campaign tool behind docs/packing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from vgpu.replay import engine, metric, trace
+from vgpu_cli.replay import _read_csv, parse_seeds
+
+DATA = Path(__file__).parent / "data" / "openb"
+RUNS = Path(__file__).parent / "results" / "runs"
+
+
+def _path(out: Path, trace_name: str, policy: str, mode: str, seed: int) -> Path:
+    return out / f"{trace_name}__{policy}__{mode}__{seed}.json"
+
+
+def _one(job: tuple[str, str, engine.Mode, int, str]) -> str:
+    trace_name, policy, mode, seed, out = job
+    nodes = trace.parse_nodes(_read_csv(str(DATA / "openb_node_list_gpu_node.csv")))
+    pods = trace.parse_pods(_read_csv(str(DATA / f"openb_pod_list_{trace_name}.csv")))
+    r = engine.replay(nodes, pods, policy, seed, mode=mode)
+    curve = metric.unallocated_curve(r.arrived, r.allocated, r.capacity_milli)
+    doc = {
+        "trace": trace_name,
+        "policy": policy,
+        "mode": mode,
+        "seed": seed,
+        "pods": r.pods,
+        "failed": r.failed,
+        "seconds": round(r.wall_seconds, 2),
+        "unallocated_pct": {str(x): round(v, 4) for x, v in curve.items()},
+    }
+    target = _path(Path(out), trace_name, policy, mode, seed)
+    target.write_text(json.dumps(doc) + "\n")
+    u = curve.get(100)
+    return f"{trace_name} {policy} {mode} seed {seed}: {u if u is None else round(u, 2)} ({r.wall_seconds:.0f} s)"
+
+
+def run(args: argparse.Namespace) -> None:
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = parse_seeds(args.seeds)
+    jobs = [
+        (t, p, m, s, str(out))
+        for s in seeds
+        for t in args.trace
+        for p in args.policy
+        for m in args.mode or ["best"]
+        if not _path(out, t, p, m, s).exists()
+    ]
+    workers = max(1, min(2, args.workers, len(jobs)))
+    if workers == 1:
+        for j in jobs:
+            print(_one(j), flush=True)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        for line in pool.imap_unordered(_one, jobs, chunksize=1):
+            print(line, flush=True)
+
+
+def load(out: Path) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for f in sorted(out.glob("*.json")):
+        doc = json.loads(f.read_text())
+        groups[(doc["trace"], doc["policy"], doc["mode"])].append(doc)
+    return groups
+
+
+def table(args: argparse.Namespace) -> None:
+    xs = [x.strip() for x in args.x.split(",")]
+    print("| trace | policy | mode | seeds | " + " | ".join(f"x={x} mean ± sd" for x in xs) + " | s/run |")
+    print("|---" * (5 + len(xs)) + "|")
+    for (t, p, m), docs in sorted(load(Path(args.dir)).items()):
+        docs.sort(key=lambda d: d["seed"])
+        cells = []
+        for x in xs:
+            vals = [d["unallocated_pct"][x] for d in docs if x in d["unallocated_pct"]]
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells.append(f"{statistics.fmean(vals):.2f} ± {sd:.2f}" if vals else "n/a")
+        seeds = ",".join(str(d["seed"]) for d in docs)
+        secs = statistics.fmean(d["seconds"] for d in docs)
+        print(f"| {t} | {p} | {m} | {len(docs)} ({seeds}) | " + " | ".join(cells) + f" | {secs:.0f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--trace", action="append", required=True)
+    r.add_argument("--policy", action="append", required=True)
+    r.add_argument("--mode", action="append", choices=engine.MODES)
+    r.add_argument("--seeds", default="42-51")
+    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--dir", default=str(RUNS))
+    r.set_defaults(func=run)
+    t = sub.add_parser("table")
+    t.add_argument("--x", default="100")
+    t.add_argument("--dir", default=str(RUNS))
+    t.set_defaults(func=table)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
