@@ -854,6 +854,12 @@ def _main(argv: Sequence[str]) -> int:
     up.add_argument("--nodes", type=int, default=2, help="plain Nodes to create (default 2)")
     up.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu capacity of each node (default 8)")
     up.add_argument("--workdir", help="use this directory (kept) instead of a temp dir")
+    up.add_argument(
+        "--with-vgpu",
+        action="store_true",
+        help="also run kube-vgpu: the extender over HTTPS, the shipped vgpu-scheduler profile, and GPU nodes "
+        "carrying a device-plugin inventory (H100-80GB, 10 slices per GPU)",
+    )
     sub.add_parser("build", help="build/install the binaries (cached) and print where they are")
     args = ap.parse_args(argv)
 
@@ -866,9 +872,19 @@ def _main(argv: Sequence[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: it may be ignored if started with &
         signal.signal(sig, lambda *_: stop.set())
     with ControlPlane(workdir=args.workdir, keep_workdir=bool(args.workdir)) as cp:
-        for i in range(args.nodes):
-            cp.add_node(f"node-{i}", {**DEFAULT_NODE_CAPACITY, "nvidia.com/gpu": str(args.gpus)})
-        if not args.no_scheduler:
+        extender_url = ""
+        if args.with_vgpu:
+            from tests.e2e import vgpu_stack
+
+            vgpu_stack.gpu_nodes(cp, "gpu-node", args.nodes, args.gpus)
+            ext = vgpu_stack.Extender(cp)
+            ext.start()
+            cp.start_scheduler(vgpu_stack.scheduler_config(cp, ext))
+            extender_url = ext.url
+        else:
+            for i in range(args.nodes):
+                cp.add_node(f"node-{i}", {**DEFAULT_NODE_CAPACITY, "nvidia.com/gpu": str(args.gpus)})
+        if not args.no_scheduler and not args.with_vgpu:
             text = Path(args.scheduler_config).read_text() if args.scheduler_config else None
             cp.start_scheduler(text)
         print(
@@ -881,6 +897,16 @@ def _main(argv: Sequence[str]) -> int:
             f"logs: {cp.logs_dir}\nCtrl-C stops everything.",
             flush=True,
         )
+        if extender_url:
+            ca = cp.workdir / "vgpu-ca.pem"
+            ca.write_bytes(cp.ca.cert_pem)
+            print(
+                f"\nkube-vgpu extender: {extender_url}  (CA: {ca})\n"
+                f"  kubectl apply -f deploy/examples/llm-d-pd-pods.yaml && kubectl get pods -o wide\n"
+                f"  curl -s --cacert {ca} {extender_url}/state > /tmp/vgpu-state.json && "
+                f"vgpu show --cluster /tmp/vgpu-state.json",
+                flush=True,
+            )
         while not stop.wait(1.0):
             dead = [p.name for p in cp.processes if not p.alive()]
             if dead:

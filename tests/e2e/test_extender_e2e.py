@@ -8,150 +8,33 @@ extender's own view (GET /state).
 
 from __future__ import annotations
 
-import base64
 import collections
 import concurrent.futures
 import json
-import signal
-import ssl
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from tests.e2e.controlplane import ControlPlane, ManagedProcess, free_port
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.vgpu_stack import BIND_GRACE_S, GPU_MEM, SCHEDULER, SPLIT, Extender, gpu_nodes, scheduler_config
 from vgpu import annotations as ann
-from vgpu.devices import GpuDevice
-
-ROOT = Path(__file__).resolve().parents[2]
-GPU_MEM = 81920
-SPLIT = 10
-SCHEDULER = "vgpu-scheduler"
-BIND_GRACE_S = 8.0
-
-
-def _inventory(node: str, gpus: int) -> str:
-    return ann.encode_inventory(
-        [
-            GpuDevice(uuid=f"GPU-{node}-{i}", index=i, model="H100-80GB", memory_mib=GPU_MEM, split_count=SPLIT, numa=0)
-            for i in range(gpus)
-        ]
-    )
-
-
-class Extender:
-    """`vgpu-extender --source kube` as a managed process, restartable mid-test."""
-
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        rbac = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
-        role = next(d for d in rbac if d["kind"] == "ClusterRole")
-        rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
-        rbac_api.create_cluster_role(role)
-        rbac_api.create_cluster_role_binding(
-            {
-                "metadata": {"name": "vgpu-extender-e2e"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": role["metadata"]["name"],
-                },
-                "subjects": [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}],
-            }
-        )
-        self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
-        self.cert, self.key = cp.issue_server_cert("vgpu-extender")
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.ctx = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
-        self.proc: ManagedProcess | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        argv = [
-            sys.executable,
-            "-m",
-            "scheduler_extender.main",
-            "--source",
-            "kube",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--address",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--tls-cert-file",
-            str(self.cert),
-            "--tls-key-file",
-            str(self.key),
-            "--log-format",
-            "json",
-        ]
-        self.proc = self.cp.spawn(f"vgpu-extender-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if self.get("/readyz", raw=True) == b"ok":
-                    return
-            except OSError:
-                pass
-            if not self.proc.alive():
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"extender not ready:\n{self.proc.tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: no graceful shutdown, exactly like a crashed or OOM-killed pod."""
-        assert self.proc is not None
-        self.proc.popen.send_signal(signal.SIGKILL)
-        self.proc.popen.wait(10)
-
-    def get(self, path: str, *, raw: bool = False) -> Any:
-        with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
-            body = r.read()
-        return body if raw else json.loads(body)
 
 
 @pytest.fixture(scope="module")
 def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
     ext = Extender(control_plane)
     ext.start()
-    config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
-    config.pop("leaderElection", None)
-    config["podInitialBackoffSeconds"] = 1
-    config["podMaxBackoffSeconds"] = 2
-    for e in config["extenders"]:
-        e["urlPrefix"] = ext.url
-        e["tlsConfig"]["caData"] = base64.b64encode(control_plane.ca.cert_pem).decode()
-    control_plane.start_scheduler(yaml.safe_dump(config))
+    control_plane.start_scheduler(scheduler_config(control_plane, ext))
     try:
         yield control_plane, ext
     finally:
         control_plane.stop_scheduler()
         if ext.proc is not None:
             control_plane.stop_process(ext.proc)
-
-
-def _nodes(cp: ControlPlane, prefix: str, count: int, gpus: int) -> dict[str, str]:
-    """Nodes carrying the device plugin's inventory annotation; returns the nodeSelector that picks them."""
-    selector = {"kube-vgpu.e2e/group": prefix}
-    for i in range(count):
-        name = f"{prefix}-{i:02d}"
-        cp.add_node(
-            name,
-            {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(gpus * SPLIT)},
-            labels=selector,
-            annotations={ann.NODE_INVENTORY: _inventory(name, gpus)},
-        )
-    return selector
 
 
 def _pod(name: str, selector: dict[str, str], limits: dict[str, str], **meta: Any) -> dict[str, Any]:
@@ -241,7 +124,7 @@ def test_fractional_pods_follow_binpack_and_spread(vgpu: tuple[ControlPlane, Ext
     cp, _ext = vgpu
     core = client.CoreV1Api(cp.api_client())
     tag = uuid.uuid4().hex[:5]
-    selector = _nodes(cp, f"bp-{tag}", 2, 2)
+    selector = gpu_nodes(cp, f"bp-{tag}", 2, 2)
     binpack = {ann.POD_NODE_POLICY: "binpack"}
     core.create_namespaced_pod(namespace, _pod("first", selector, _slice(25, 25), annotations=binpack))
     first = cp.wait_for_pod("first", namespace)
@@ -267,7 +150,7 @@ def test_pod_that_fits_nowhere_stays_pending_with_per_node_reasons(
 ) -> None:
     cp, _ = vgpu
     core = client.CoreV1Api(cp.api_client())
-    selector = _nodes(cp, f"nf-{uuid.uuid4().hex[:5]}", 2, 2)
+    selector = gpu_nodes(cp, f"nf-{uuid.uuid4().hex[:5]}", 2, 2)
     core.create_namespaced_pod(
         namespace, _pod("huge", selector, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100000"})
     )
@@ -306,7 +189,7 @@ def _burst(core: client.CoreV1Api, namespace: str, selector: dict[str, str], cou
 def test_200_pods_on_20_nodes_never_overcommit(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
     cp, ext = vgpu
     core = client.CoreV1Api(cp.api_client())
-    selector = _nodes(cp, f"burst-{uuid.uuid4().hex[:5]}", 20, 4)
+    selector = gpu_nodes(cp, f"burst-{uuid.uuid4().hex[:5]}", 20, 4)
     t0 = time.monotonic()
     names = _burst(core, namespace, selector, 200, seed=1)
     pods = _wait_settled(core, namespace, names, timeout=180)
@@ -321,7 +204,7 @@ def test_200_pods_on_20_nodes_never_overcommit(vgpu: tuple[ControlPlane, Extende
 def test_extender_killed_mid_burst_recovers_exact_state(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
     cp, ext = vgpu
     core = client.CoreV1Api(cp.api_client())
-    selector = _nodes(cp, f"crash-{uuid.uuid4().hex[:5]}", 10, 4)
+    selector = gpu_nodes(cp, f"crash-{uuid.uuid4().hex[:5]}", 10, 4)
     names = _burst(core, namespace, selector, 100, seed=2)
     deadline = time.monotonic() + 60
     while sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) < 30:
@@ -348,7 +231,7 @@ def test_extender_killed_mid_burst_recovers_exact_state(vgpu: tuple[ControlPlane
 def test_deleted_pod_frees_its_slice(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
     cp, ext = vgpu
     core = client.CoreV1Api(cp.api_client())
-    selector = _nodes(cp, f"del-{uuid.uuid4().hex[:5]}", 1, 1)
+    selector = gpu_nodes(cp, f"del-{uuid.uuid4().hex[:5]}", 1, 1)
     core.create_namespaced_pod(namespace, _pod("holder", selector, _slice(100, 100)))
     holder = cp.wait_for_pod("holder", namespace)
     uuid_ = ann.decode_assignment(holder.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid

@@ -1,0 +1,138 @@
+"""Our scheduling stack on a ControlPlane: the extender process, the shipped scheduler profile, GPU nodes.
+
+Shared by the extender e2e tests and `python -m tests.e2e.controlplane up --with-vgpu`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import ssl
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from tests.e2e.controlplane import ControlPlane, ManagedProcess, free_port
+from vgpu import annotations as ann
+from vgpu.devices import GpuDevice
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_MEM = 81920
+SPLIT = 10
+SCHEDULER = "vgpu-scheduler"
+BIND_GRACE_S = 8.0
+
+
+def inventory(node: str, gpus: int) -> str:
+    return ann.encode_inventory(
+        [
+            GpuDevice(uuid=f"GPU-{node}-{i}", index=i, model="H100-80GB", memory_mib=GPU_MEM, split_count=SPLIT, numa=0)
+            for i in range(gpus)
+        ]
+    )
+
+
+class Extender:
+    """`vgpu-extender --source kube` as a managed process, restartable mid-test."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        rbac = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
+        role = next(d for d in rbac if d["kind"] == "ClusterRole")
+        rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
+        rbac_api.create_cluster_role(role)
+        rbac_api.create_cluster_role_binding(
+            {
+                "metadata": {"name": "vgpu-extender-e2e"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role["metadata"]["name"],
+                },
+                "subjects": [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}],
+            }
+        )
+        self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
+        self.cert, self.key = cp.issue_server_cert("vgpu-extender")
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ctx = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
+        self.proc: ManagedProcess | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        argv = [
+            sys.executable,
+            "-m",
+            "scheduler_extender.main",
+            "--source",
+            "kube",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.cert),
+            "--tls-key-file",
+            str(self.key),
+            "--log-format",
+            "json",
+        ]
+        self.proc = self.cp.spawn(f"vgpu-extender-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if self.get("/readyz", raw=True) == b"ok":
+                    return
+            except OSError:
+                pass
+            if not self.proc.alive():
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"extender not ready:\n{self.proc.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, exactly like a crashed or OOM-killed pod."""
+        assert self.proc is not None
+        self.proc.popen.send_signal(signal.SIGKILL)
+        self.proc.popen.wait(10)
+
+    def get(self, path: str, *, raw: bool = False) -> Any:
+        with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
+            body = r.read()
+        return body if raw else json.loads(body)
+
+
+def scheduler_config(cp: ControlPlane, ext: Extender) -> str:
+    """deploy/scheduler/kube-scheduler-config.yaml with the extender's URL and CA, short backoffs."""
+    config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    config.pop("leaderElection", None)
+    config["podInitialBackoffSeconds"] = 1
+    config["podMaxBackoffSeconds"] = 2
+    for e in config["extenders"]:
+        e["urlPrefix"] = ext.url
+        e["tlsConfig"]["caData"] = base64.b64encode(cp.ca.cert_pem).decode()
+    return yaml.safe_dump(config)
+
+
+def gpu_nodes(cp: ControlPlane, prefix: str, count: int, gpus: int) -> dict[str, str]:
+    """Nodes carrying the device plugin's inventory annotation; returns the nodeSelector that picks them."""
+    selector = {"kube-vgpu.e2e/group": prefix}
+    for i in range(count):
+        name = f"{prefix}-{i:02d}"
+        cp.add_node(
+            name,
+            {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(gpus * SPLIT)},
+            labels=selector,
+            annotations={ann.NODE_INVENTORY: inventory(name, gpus)},
+        )
+    return selector
