@@ -59,9 +59,12 @@ def filter_result(
 
 
 def host_priorities(names: list[str], scores: dict[str, int]) -> list[dict[str, Any]]:
-    """HostPriorityList for `names`, in order; a node without a score gets 0."""
+    """HostPriorityList for `names`, in order, leaving out nodes that score 0.
+
+    kube-scheduler adds each entry's score to its host's total, so an absent host and a 0 are the same;
+    with the rank mapping only the best ten nodes score, which keeps a 5,000-node answer small."""
     get = scores.get
-    return [{"Host": host, "Score": get(host, 0)} for host in names]
+    return [{"Host": host, "Score": score} for host in names if (score := get(host, 0))]
 
 
 def binding_result(error: str = "") -> dict[str, str]:
