@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-policy", help="node placement policy (default 'default')")
     p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
     p.add_argument("--bind-grace-seconds", type=float, help="reservation lifetime of a bind without Binding (30)")
+    p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["text", "json"])

@@ -49,6 +49,9 @@ class ExtenderSettings(BaseModel):
         default=None, description="GPU order inside a node; unset = the node policy's own"
     )
     narrow_filter: bool = Field(default=False, description="filter returns only the best-scored tier")
+    priority_mapping: Literal["rank", "minmax"] = Field(
+        default="rank", description="how fine scores become kube-scheduler's 0..10 (docs/extender.md)"
+    )
     bind_grace_seconds: float = Field(
         default=30.0, gt=0, description="how long an assignment without a Binding keeps its slices reserved"
     )
