@@ -58,13 +58,12 @@ def filter_result(
     }
 
 
-def host_priorities(names: list[str], scores: dict[str, int]) -> list[dict[str, Any]]:
-    """HostPriorityList for `names`, in order, leaving out nodes that score 0.
+def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
+    """HostPriorityList of the scored hosts, leaving out those that score 0.
 
     kube-scheduler adds each entry's score to its host's total, so an absent host and a 0 are the same;
     with the rank mapping only the best ten nodes score, which keeps a 5,000-node answer small."""
-    get = scores.get
-    return [{"Host": host, "Score": score} for host in names if (score := get(host, 0))]
+    return [{"Host": host, "Score": score} for host, score in scores.items() if score]
 
 
 def binding_result(error: str = "") -> dict[str, str]:

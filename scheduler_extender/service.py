@@ -189,13 +189,13 @@ class ExtenderService:
         try:
             info = self._parse(args.Pod)
             if info.request.is_empty:
-                return schema.host_priorities(names, {})
+                return schema.host_priorities({})
             with self.lock:
                 self._release_stale(info)
                 prios = self.planner.priorities_for(info, names)
         except (RequestError, UnknownPolicyError):
             prios = {}
-        return schema.host_priorities(names, prios)
+        return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         key = f"{args.PodNamespace}/{args.PodName}"

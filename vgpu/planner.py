@@ -95,13 +95,23 @@ def to_priorities(scores: dict[str, float], mapping: PriorityMapping = "rank") -
             return dict.fromkeys(scores, MAX_PRIORITY)
         k = MAX_PRIORITY / (hi - lo)
         return {n: int((s - lo) * k + 0.5) for n, s in scores.items()}
-    if len(scores) > MAX_PRIORITY:
-        threshold = heapq.nlargest(MAX_PRIORITY, scores.values())[-1]
-        candidates = [(s, _tiebreak(n), n) for n, s in scores.items() if s >= threshold]
+    return _rank(scores)
+
+
+def _rank(scores: dict[str, float]) -> dict[str, int]:
+    """The rank mapping, linear in the number of nodes even when thousands tie at the top score."""
+
+    def key(n: str) -> tuple[float, int]:
+        return (scores[n], _tiebreak(n))
+
+    if len(scores) <= MAX_PRIORITY:
+        order = sorted(scores, key=key, reverse=True)
     else:
-        candidates = [(s, _tiebreak(n), n) for n, s in scores.items()]
-    top = heapq.nlargest(MAX_PRIORITY, candidates)
-    return {n: MAX_PRIORITY - i for i, (_, _, n) in enumerate(top)}
+        tenth = heapq.nlargest(MAX_PRIORITY, scores.values())[-1]
+        above = sorted([n for n, s in scores.items() if s > tenth], key=key, reverse=True)
+        tied = [n for n, s in scores.items() if s == tenth]
+        order = above + heapq.nlargest(MAX_PRIORITY - len(above), tied, key=_tiebreak)
+    return {n: MAX_PRIORITY - i for i, n in enumerate(order)}
 
 
 class Planner:
@@ -165,7 +175,7 @@ class Planner:
         return NodeResult(fit, score=score)
 
     def _memo_for(
-        self, pod: PodInfo, names: list[str]
+        self, pod: PodInfo, names: list[str], name_set: set[str] | None = None
     ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
         policy, rank = self._resolve(pod)
@@ -184,7 +194,7 @@ class Planner:
             self._memo.move_to_end(key)
             if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
                 memo = None
-        if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):
+        if memo is None or (memo.names != names and not memo.name_set >= (name_set or set(names))):
             out = Evaluation()
             for name in names:
                 self._record(out, name, self._cached(cache, name, pod, policy, rank))
@@ -220,10 +230,12 @@ class Planner:
 
     def priorities_for(self, pod: PodInfo, node_names: list[str]) -> dict[str, int]:
         """0..10 priorities of the nodes kube-scheduler asks about (normally exactly those that passed
-        /filter, whose scaling is then the memoised one; any other set is scaled over itself)."""
-        memo = self._memo_for(pod, node_names)[0]
+        /filter, whose scaling is then the memoised one; any other set is scaled over itself). Every key
+        is one of `node_names`; nodes left out score 0."""
+        asked = set(node_names)
+        memo = self._memo_for(pod, node_names, asked)[0]
         feasible = memo.evaluation.feasible
-        if len(node_names) == len(feasible) and all(n in feasible for n in node_names):
+        if len(asked) == len(feasible) and asked <= feasible.keys():
             return self.priorities(memo.evaluation)
         return self.priorities(self.evaluate(pod, node_names))
 
