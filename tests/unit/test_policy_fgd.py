@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.policy_helpers import choice, cluster, node, place, pod
 from vgpu.placement import fgd
 from vgpu.replay.trace import to_pod_info
@@ -32,3 +34,9 @@ def test_quantized_score_is_the_simulators_integer_sigmoid() -> None:
     assert fgd.quantized(0) == 50
     assert fgd.quantized(-8000) == 99
     assert fgd.quantized(8000) == 0
+
+
+@pytest.mark.parametrize("delta", [-3000.0, -500.0, -40.0, 0.0, 35.0, 800.0, 5000.0])
+def test_scale_stretches_the_steps(delta: float) -> None:
+    assert fgd.quantized(2 * delta, 2000) == fgd.quantized(delta)
+    assert fgd.Fgd.scale == 1000  # the baseline keeps the paper's steps

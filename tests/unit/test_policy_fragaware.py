@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from tests.unit.policy_helpers import choice, cluster, node, place, pod
-from vgpu.placement import fragaware
+from vgpu.placement import fgd, fragaware
 from vgpu.replay.trace import to_pod_info
 
 
@@ -48,3 +48,17 @@ def test_cold_start_without_observe_uses_the_pods_own_shape() -> None:
     row = pod(400)
     ev = planner.evaluate(to_pod_info(row, row.name))  # no observe() at all
     assert ev.feasible["b"].score > ev.feasible["a"].score
+
+
+def test_default_scores_on_wider_steps_than_fgd() -> None:
+    planner = cluster("default", node("a", gpus=2), node("b", gpus=2))
+    policy = planner.policy("default")
+    assert isinstance(policy, fragaware.FragAware) and policy.scale > fgd.Fgd.scale
+    _feed(policy, 600, 50)
+    place(planner, "a", pod(300))
+    info = to_pod_info(pod(200), "probe")
+    ev = planner.evaluate(info)
+    for name, res in ev.feasible.items():
+        assert res.placement is not None
+        delta = policy.delta(planner.state.nodes[name], res.placement, info)
+        assert res.score == fgd.quantized(delta, policy.scale) / 100

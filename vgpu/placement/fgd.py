@@ -19,13 +19,14 @@ from vgpu.state import GpuUsage, NodeState
 COVERAGE = 0.95
 
 
-def quantized(delta: float) -> int:
+def quantized(delta: float, scale: float = MILLI) -> int:
     """The paper simulator's integer score for a fragmentation change: int(100 * sigmoid(-delta / 1000)).
 
     Measured: this coarse scale (ties then broken by node order) is worth about 1.2 points at x = 100 on
-    the default trace over choosing the exact minimum; it is what reproduces the paper's 4.77.
+    the default trace over choosing the exact minimum; it is what reproduces the paper's 4.77. `scale`
+    widens (or narrows) the steps: one score unit is about scale / 25 milli of fragmentation near 0.
     """
-    return int(100 / (1 + math.exp(min(700.0, delta / MILLI))))
+    return int(100 / (1 + math.exp(min(700.0, delta / scale))))
 
 
 class Fgd:
@@ -34,6 +35,7 @@ class Fgd:
     # Scores and GPU choice use the simulator's integer scale (see `quantized`).
     trace_prior = True
     with_memory = False  # the paper's task shape is (cpu, gpu_milli, num_gpu, gpu_spec)
+    scale: float = MILLI  # width of the node score's steps (see `quantized`)
 
     def __init__(self, coverage: float = COVERAGE) -> None:
         if not 0 < coverage <= 1:
@@ -67,7 +69,7 @@ class Fgd:
         return self.model.frag(node, frees_after(node, placement), cpu, mem) - self.model.node_frag(node)
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
-        return quantized(self.delta(node, placement, pod)) / 100
+        return quantized(self.delta(node, placement, pod), self.scale) / 100
 
     def gpu_rank(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
         return rank_best_fit(u, memory_mib, cores, pod)
