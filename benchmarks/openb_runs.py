@@ -2,6 +2,7 @@
 
     python benchmarks/openb_runs.py run --trace default --policy fgd --policy bestfit --seeds 42-51
     python benchmarks/openb_runs.py table --x 95,100,130
+    python benchmarks/openb_runs.py plot --trace default --out docs/img/openb_default.png [--json FILE]
 
 Each finished run is written at once under `--dir` (default benchmarks/results/runs), and a run whose
 file exists is skipped, so a long campaign on a shared machine can be stopped and resumed without losing
@@ -20,6 +21,7 @@ from typing import Any
 
 from vgpu.replay import engine, metric, trace
 from vgpu_cli.replay import _read_csv, parse_seeds
+from vgpu_cli.replay import plot as plot_curves
 
 DATA = Path(__file__).parent / "data" / "openb"
 RUNS = Path(__file__).parent / "results" / "runs"
@@ -97,6 +99,34 @@ def table(args: argparse.Namespace) -> None:
         print(f"| {t} | {p} | {m} | {len(docs)} ({seeds}) | " + " | ".join(cells) + f" | {secs:.0f} |")
 
 
+def plot(args: argparse.Namespace) -> None:
+    """The `vgpu replay` summary (and plot) of every (policy, mode) run on one trace, best mode first."""
+    results: list[dict[str, Any]] = []
+    groups = load(Path(args.dir))
+    for (t, p, m), docs in sorted(groups.items(), key=lambda kv: (kv[0][2] != "best", kv[0][1], kv[0][2])):
+        if t != args.trace or (args.policy and p not in args.policy):
+            continue
+        docs.sort(key=lambda d: d["seed"])
+        curves = [{int(x): v for x, v in d["unallocated_pct"].items()} for d in docs]
+        secs = sum(d["seconds"] for d in docs)
+        results.append(
+            {
+                "policy": p,
+                "mode": m,
+                "seeds": [d["seed"] for d in docs],
+                "run_seconds": [d["seconds"] for d in docs],
+                "pods_per_second": round(sum(d["pods"] for d in docs) / secs, 1) if secs else None,
+                "pods": [d["pods"] for d in docs],
+                "failed": [d["failed"] for d in docs],
+                "unallocated_pct": metric.summarize(curves),
+            }
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    seeds = sorted({int(s) for r in results for s in r["seeds"]})
+    plot_curves(results, args.out, f"openb {args.trace} trace, seeds {seeds[0]}-{seeds[-1]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(required=True)
@@ -112,6 +142,13 @@ def main() -> None:
     t.add_argument("--x", default="100")
     t.add_argument("--dir", default=str(RUNS))
     t.set_defaults(func=table)
+    g = sub.add_parser("plot")
+    g.add_argument("--trace", default="default")
+    g.add_argument("--policy", action="append")
+    g.add_argument("--out", required=True)
+    g.add_argument("--json")
+    g.add_argument("--dir", default=str(RUNS))
+    g.set_defaults(func=plot)
     args = ap.parse_args()
     args.func(args)
 
