@@ -3,6 +3,7 @@
 ``control_plane`` (session): etcd + kube-apiserver started once per session from the cached build
 (``hack/build-control-plane.sh``, built on first use). It is skipped only when ``KUBE_VGPU_SKIP_E2E=1``;
 a failure to build or start is an error. ``namespace`` (function): a fresh namespace per test.
+``kwok``: the same control plane with KWOK's controller running (``hack/build-kwok.sh``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries
+from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries, ensure_kwok
 
 _E2E_DIR = Path(__file__).resolve().parent
 
@@ -49,6 +50,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     try:  # show the build's progress (it may take minutes) instead of capturing it
         with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
             bin_dir, etcd = ensure_binaries()
+            if any("kwok" in getattr(item, "fixturenames", ()) for item in session.items):
+                ensure_kwok()
     except Exception as e:  # re-raised by the fixture
         _build_error = e
         return
@@ -68,6 +71,14 @@ def control_plane() -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture
+def kwok(control_plane: ControlPlane) -> ControlPlane:
+    """The session control plane with KWOK's controller running (started once, kept for the session): pods
+    on nodes added with ``add_node(..., kwok=True)`` become Running and their graceful deletes complete."""
+    control_plane.start_kwok()
+    return control_plane
 
 
 @pytest.fixture

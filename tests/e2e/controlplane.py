@@ -60,6 +60,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK = REPO_ROOT / "hack"
 
+KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}  # nodes with it are run by start_kwok()'s controller
 DEFAULT_NODE_CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110"}
 DEFAULT_SCHEDULER_CONFIG = """\
 apiVersion: kubescheduler.config.k8s.io/v1
@@ -410,6 +411,11 @@ def ensure_binaries() -> tuple[Path, Path]:
     return _binaries
 
 
+def ensure_kwok() -> Path:
+    """The KWOK controller binary (``KUBE_VGPU_KWOK`` or ``hack/build-kwok.sh``, built on first use)."""
+    return Path(os.environ.get("KUBE_VGPU_KWOK") or _run_hack("build-kwok.sh"))
+
+
 def _etcd_version(etcd: Path) -> tuple[int, ...]:
     out = subprocess.run([str(etcd), "--version"], capture_output=True, text=True, check=False).stdout
     m = re.search(r"etcd Version:\s*(\d+)\.(\d+)\.(\d+)", out)
@@ -456,6 +462,7 @@ class ControlPlane:
         self.pki_dir = self.workdir / "pki"
         self.processes: list[ManagedProcess] = []
         self.scheduler: ManagedProcess | None = None
+        self.kwok: ManagedProcess | None = None
         self._scheduler_configs = 0
         self._clients: list[Any] = []
         self._admin: Any = None
@@ -506,6 +513,7 @@ class ControlPlane:
         leftovers = [p for p in self.processes if p.group_alive()]
         self.processes.clear()
         self.scheduler = None
+        self.kwok = None
         _live.discard(self)
         self.started = False
         if leftovers:
@@ -534,6 +542,8 @@ class ControlPlane:
                 self.processes.remove(proc)
         if proc is self.scheduler:
             self.scheduler = None
+        if proc is self.kwok:
+            self.kwok = None
         return code
 
     def dump_logs(self, lines: int = 60) -> str:
@@ -729,6 +739,35 @@ class ControlPlane:
         if self.scheduler is not None:
             self.stop_process(self.scheduler)
 
+    def start_kwok(self, kwok_bin: str | os.PathLike[str] | None = None) -> ManagedProcess:
+        """Optional: run KWOK's controller (``hack/build-kwok.sh``, built on first use) for the nodes that
+        carry ``KWOK_NODE_ANNOTATION`` (``add_node(..., kwok=True)``): their pods become Running with a pod IP,
+        and graceful deletes of their pods complete, as with a kubelet. Other nodes are left alone. KWOK
+        serves no port here. Stopped on :meth:`stop` (or with :meth:`stop_process`)."""
+        if self.kwok is not None and self.kwok.alive():
+            return self.kwok
+        binary = Path(kwok_bin) if kwok_bin else ensure_kwok()
+        stages = sorted((binary.parent.parent / "stages").glob("*.yaml"))
+        if not stages:
+            raise ControlPlaneError(f"no KWOK stage configs next to {binary} (expected ../stages/*.yaml)")
+        ((key, value),) = KWOK_NODE_ANNOTATION.items()
+        argv = [
+            str(binary),
+            f"--kubeconfig={self.admin_kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={key}={value}",
+            "--cidr=10.0.0.0/16",
+            "--node-ip=127.0.0.1",
+            *[f"--config={s}" for s in stages],
+        ]
+        # HOME: no ~/.kwok/kwok.yaml lookup. WatchListClient off: etcd < 3.5.13 lacks watch progress requests.
+        env = {"HOME": str(self.workdir), "KUBE_FEATURE_WatchListClient": "false"}
+        self.kwok = self.spawn("kwok", argv, env=env)
+        time.sleep(1.0)
+        if not self.kwok.alive():
+            raise ControlPlaneError(f"kwok exited with code {self.kwok.popen.returncode}:\n{self.kwok.tail()}")
+        return self.kwok
+
     # ---- clients and objects
 
     def api_client(self) -> Any:
@@ -765,10 +804,12 @@ class ControlPlane:
         annotations: Mapping[str, str] | None = None,
         allocatable: Mapping[str, str] | None = None,
         taints: Sequence[Mapping[str, str]] = (),
+        kwok: bool = False,
     ) -> Any:
         """Create Node *name* and write status.capacity/allocatable (= capacity unless given) and Ready=True
         through ``/status``. ``pods: 110`` is added when capacity has no ``pods``; capacity None means
-        ``DEFAULT_NODE_CAPACITY``. Returns the V1Node after the status patch."""
+        ``DEFAULT_NODE_CAPACITY``. ``kwok=True`` adds ``KWOK_NODE_ANNOTATION`` so that the controller of
+        :meth:`start_kwok` runs this node's pods. Returns the V1Node after the status patch."""
         cap = dict(DEFAULT_NODE_CAPACITY if capacity is None else capacity)
         cap.setdefault("pods", "110")
         alloc = dict(allocatable) if allocatable is not None else dict(cap)
@@ -778,7 +819,11 @@ class ControlPlane:
         body = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "labels": labels, "annotations": dict(annotations or {})},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {**(KWOK_NODE_ANNOTATION if kwok else {}), **(annotations or {})},
+            },
             "spec": {"taints": [dict(t) for t in taints]} if taints else {},
         }
         api.create_node(body)

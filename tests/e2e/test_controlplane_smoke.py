@@ -181,3 +181,31 @@ extenders:
         ext.close()
     cp.delete_pod("gpu", namespace)
     core.delete_node(node)
+
+
+def test_kwok_runs_pods_and_completes_graceful_deletes(kwok: ControlPlane, namespace: str) -> None:
+    from kubernetes import client
+
+    cp = kwok
+    core = client.CoreV1Api(cp.api_client())
+    tag = uuid.uuid4().hex[:6]
+    selector = {"kube-vgpu.e2e/kwok": tag}
+    node = f"kwok-{tag}"
+    cp.add_node(node, {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}, labels=selector, kwok=True)
+    cp.start_scheduler()
+    try:
+        core.create_namespaced_pod(namespace, _pod("runs", "100m", selector))
+        pod = cp.wait_for_pod("runs", namespace, timeout=30, condition=lambda p: p.status.phase == "Running")
+        assert pod.spec.node_name == node and pod.status.pod_ip
+        t0 = time.monotonic()
+        core.delete_namespaced_pod("runs", namespace)  # graceful: KWOK plays the kubelet's part
+        while time.monotonic() - t0 < 30:
+            if not core.list_namespaced_pod(namespace, field_selector="metadata.name=runs").items:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("graceful delete did not complete on a KWOK node")
+        print(f"KWOK: pod Running on {node}; graceful delete completed in {time.monotonic() - t0:.2f}s")
+    finally:
+        cp.stop_scheduler()
+    core.delete_node(node)
