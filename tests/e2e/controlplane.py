@@ -898,6 +898,7 @@ def _main(argv: Sequence[str]) -> int:
     up.add_argument("--no-scheduler", action="store_true", help="do not start kube-scheduler")
     up.add_argument("--nodes", type=int, default=2, help="plain Nodes to create (default 2)")
     up.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu capacity of each node (default 8)")
+    up.add_argument("--kwok", action="store_true", help="run KWOK's controller for the nodes (pods become Running)")
     up.add_argument("--workdir", help="use this directory (kept) instead of a temp dir")
     up.add_argument(
         "--with-vgpu",
@@ -928,7 +929,9 @@ def _main(argv: Sequence[str]) -> int:
             extender_url = ext.url
         else:
             for i in range(args.nodes):
-                cp.add_node(f"node-{i}", {**DEFAULT_NODE_CAPACITY, "nvidia.com/gpu": str(args.gpus)})
+                cp.add_node(f"node-{i}", {**DEFAULT_NODE_CAPACITY, "nvidia.com/gpu": str(args.gpus)}, kwok=args.kwok)
+        if args.kwok:
+            cp.start_kwok()
         if not args.no_scheduler and not args.with_vgpu:
             text = Path(args.scheduler_config).read_text() if args.scheduler_config else None
             cp.start_scheduler(text)
