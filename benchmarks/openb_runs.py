@@ -104,7 +104,7 @@ def plot(args: argparse.Namespace) -> None:
     results: list[dict[str, Any]] = []
     groups = load(Path(args.dir))
     for (t, p, m), docs in sorted(groups.items(), key=lambda kv: (kv[0][2] != "best", kv[0][1], kv[0][2])):
-        if t != args.trace or (args.policy and p not in args.policy):
+        if t != args.trace or (args.policy and p not in args.policy) or m not in (args.mode or ["best"]):
             continue
         docs.sort(key=lambda d: d["seed"])
         curves = [{int(x): v for x, v in d["unallocated_pct"].items()} for d in docs]
@@ -145,6 +145,7 @@ def main() -> None:
     g = sub.add_parser("plot")
     g.add_argument("--trace", default="default")
     g.add_argument("--policy", action="append")
+    g.add_argument("--mode", action="append", choices=engine.MODES, help="modes to include (default: best)")
     g.add_argument("--out", required=True)
     g.add_argument("--json")
     g.add_argument("--dir", default=str(RUNS))
