@@ -145,7 +145,7 @@ def main() -> int:
                 prefix=pin,
                 startup_timeout=300,
             ) as url,
-            httpx.Client(timeout=30) as client,
+            httpx.Client(timeout=120) as client,
         ):
             startup = time.perf_counter() - t_start
             health = []

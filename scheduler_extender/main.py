@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import ssl
 import sys
 import threading
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vgpu-extender: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_format)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     try:
         service, _source = build_service(settings)
     except (VgpuError, OSError) as exc:

@@ -8,6 +8,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,9 +49,11 @@ def running_extender(
     if cert is not None:
         cmd += ["--tls-cert-file", str(cert[0]), "--tls-key-file", str(cert[1])]
         scheme = "https"
+    # A file, not a pipe: nobody reads the server's logs while it runs, and a full pipe would block it.
+    log = tempfile.NamedTemporaryFile(prefix="vgpu-extender-", suffix=".log", delete=False)  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         cmd,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
         cwd=Path(__file__).resolve().parents[2],
@@ -61,8 +64,7 @@ def running_extender(
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"extender exited with {proc.returncode}:\n{out}")
+                raise RuntimeError(f"extender exited with {proc.returncode}:\n{Path(log.name).read_text()}")
             try:
                 if httpx.get(f"{url}/healthz", verify=verify, timeout=1).status_code == 200:
                     break
@@ -79,3 +81,5 @@ def running_extender(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
