@@ -528,7 +528,10 @@ class ControlPlane:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
     ) -> ManagedProcess:
-        """Start any process (e.g. the extender) with its log in ``logs/<name>.log`` and teardown on stop."""
+        """Start any process (e.g. the extender) with its log in ``logs/<name>.log`` and teardown on stop.
+
+        The child gets SIGKILL when the *thread* that spawned it exits (``PR_SET_PDEATHSIG``), so spawn from
+        the test's main thread, not from a short-lived worker thread."""
         p = ManagedProcess(name, argv, self.logs_dir / f"{name}.log", env=env, cwd=cwd)
         with self._lock:
             self.processes.append(p)
