@@ -481,15 +481,15 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         """Start etcd and kube-apiserver, wait for /readyz, write the kubeconfigs. Returns self."""
-        if self._bin_dir_arg and self._etcd_arg:
-            self.bin_dir, self.etcd_bin = Path(self._bin_dir_arg), Path(self._etcd_arg)
-        else:
-            bd, etcd = ensure_binaries()
-            self.bin_dir = Path(self._bin_dir_arg) if self._bin_dir_arg else bd
-            self.etcd_bin = Path(self._etcd_arg) if self._etcd_arg else etcd
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
         _live.add(self)
         try:
+            if self._bin_dir_arg and self._etcd_arg:
+                self.bin_dir, self.etcd_bin = Path(self._bin_dir_arg), Path(self._etcd_arg)
+            else:
+                bd, etcd = ensure_binaries()
+                self.bin_dir = Path(self._bin_dir_arg) if self._bin_dir_arg else bd
+                self.etcd_bin = Path(self._etcd_arg) if self._etcd_arg else etcd
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
             self._make_pki()
             self._start_etcd()
             self._start_apiserver()
