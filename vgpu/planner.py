@@ -29,7 +29,6 @@ MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 PriorityMapping = Literal["rank", "minmax"]
 _CACHED_SHAPES = 256
 _INCREMENTAL_LIMIT = 256  # beyond this many changed nodes a full pass is as cheap
-_RESCORE_BATCH = 64  # nodes re-scored per call after the policy's epoch moved
 
 
 @dataclass(slots=True)
@@ -39,8 +38,6 @@ class _Memo:
     version: int
     evaluation: Evaluation
     subset: tuple[list[str], Evaluation] | None = None
-    epoch: int = 0  # the policy epoch the scores are (being brought) up to
-    stale: set[str] = field(default_factory=set)  # nodes still scored with an older epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,47 +187,21 @@ class Planner:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        # The memo outlives policy epochs (the node cache does not): see _rescore.
-        memo_key: tuple[object, ...] = (pod.shape_key(), policy.name, self.state.config)
         if hasattr(policy, "pod_score"):  # scores differ per pod: memoise per pod, fits stay cached per shape
-            memo_key = (*memo_key, pod.key, pod.uid)
-        memo = self._memo.get(memo_key)
+            key = (*key, pod.key, pod.uid)
+        memo = self._memo.get(key)
         if memo is not None:
-            self._memo.move_to_end(memo_key)
+            self._memo.move_to_end(key)
             if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
                 memo = None
         if memo is None or (memo.names != names and not memo.name_set >= (name_set or set(names))):
             out = Evaluation()
             for name in names:
                 self._record(out, name, self._cached(cache, name, pod, policy, rank))
-            memo = self._memo[memo_key] = _Memo(names, set(names), self.state.version, out, epoch=policy.epoch)
+            memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
-        elif memo.epoch != policy.epoch or memo.stale:
-            self._rescore(memo, cache, pod, policy, rank)
         return memo, cache, policy, rank
-
-    def _rescore(
-        self, memo: _Memo, cache: dict[str, tuple[int, NodeResult]], pod: PodInfo, policy: NodePolicy, rank: GpuRank
-    ) -> None:
-        """The policy learnt something (new epoch): re-score the memoised nodes a batch per call.
-
-        Re-scoring a whole cluster at once would stall one request for a full evaluation (~0.5 s at
-        5,000 nodes); a batch per call keeps every call short. Until the batches are through, nodes not
-        yet re-scored keep their previous scores — still exact fits (a node that changed is re-evaluated
-        at once), only judged by the previous picture of the workload."""
-        if memo.epoch != policy.epoch:
-            memo.epoch = policy.epoch
-            memo.stale = set(memo.names)
-        ev = memo.evaluation
-        for _ in range(min(_RESCORE_BATCH, len(memo.stale))):
-            name = memo.stale.pop()
-            ev.scores.pop(name, None)
-            ev.feasible.pop(name, None)
-            ev.failed.pop(name, None)
-            ev.unresolvable.pop(name, None)
-            self._record(ev, name, self._cached(cache, name, pod, policy, rank))
-        ev.priorities, memo.subset = None, None
 
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
         """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
@@ -283,7 +254,6 @@ class Planner:
             ev.failed.pop(name, None)
             ev.unresolvable.pop(name, None)
             self._record(ev, name, self._cached(cache, name, pod, policy, rank))
-        memo.stale -= touched  # re-evaluated above with the current epoch
         if touched:
             ev.priorities = None
         memo.version, memo.subset = self.state.version, None
