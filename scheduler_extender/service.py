@@ -103,7 +103,10 @@ class ExtenderService:
         if self._learned >= LEARN_BOOTSTRAP and now - self._last_learn < self.options.relearn_interval_s:
             return
         for pod in self._to_learn:
-            self.planner.observe(pod)
+            try:
+                self.planner.observe(pod)
+            except UnknownPolicyError:
+                continue  # its filter reports the bad annotation; it must not poison the batch
         self._learned += len(self._to_learn)
         self._to_learn.clear()
         self._last_learn = now
@@ -122,37 +125,32 @@ class ExtenderService:
 
     # -- verbs ----------------------------------------------------------------------------------
 
-    def filter(self, args: schema.ExtenderArgs) -> dict[str, Any]:
+    @staticmethod
+    def _names(args: schema.ExtenderArgs, verb: str) -> tuple[list[str], list[dict[str, Any]] | None]:
+        """The candidate node names, plus the node objects in the full-NodeList mode."""
         if args.NodeNames is not None:
-            names, items = list(args.NodeNames), None
-        elif args.Nodes is not None:
+            return list(args.NodeNames), None
+        if args.Nodes is not None:
             items = args.Nodes.items
-            names = [str((n.get("metadata") or {}).get("name") or "") for n in items]
-        else:
-            raise BadRequest("filter: the request carries neither Nodes nor NodeNames")
+            return [str((n.get("metadata") or {}).get("name") or "") for n in items], items
+        raise BadRequest(f"{verb}: the request carries neither Nodes nor NodeNames")
+
+    def filter(self, args: schema.ExtenderArgs) -> dict[str, Any]:
+        names, items = self._names(args, "filter")
         first_time = self._remember(args.Pod)
         try:
             info = self._parse(args.Pod)
-        except (RequestError, UnknownPolicyError) as exc:
-            self.metrics.filter_failure("invalid-request")
-            return schema.filter_result(
-                node_names=[] if items is None else None,
-                nodes=None if items is None else [],
-                failed={},
-                unresolvable=dict.fromkeys(names, str(exc)),
-            )
-        if info.request.is_empty:
-            return schema.filter_result(
-                node_names=names if items is None else None, nodes=items, failed={}, unresolvable={}
-            )
-        try:
+            if info.request.is_empty:
+                return schema.filter_result(
+                    node_names=names if items is None else None, nodes=items, failed={}, unresolvable={}
+                )
             with self.lock:
                 if first_time:
                     self._learn(info)
                 evaluation = self._evaluate(info, names)
                 if self.options.narrow_filter:
                     evaluation = self.planner.narrow(evaluation)
-        except UnknownPolicyError as exc:
+        except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
             return schema.filter_result(
                 node_names=[] if items is None else None,
@@ -180,12 +178,7 @@ class ExtenderService:
         )
 
     def prioritize(self, args: schema.ExtenderArgs) -> list[dict[str, Any]]:
-        if args.NodeNames is not None:
-            names = list(args.NodeNames)
-        elif args.Nodes is not None:
-            names = [str((n.get("metadata") or {}).get("name") or "") for n in args.Nodes.items]
-        else:
-            raise BadRequest("prioritize: the request carries neither Nodes nor NodeNames")
+        names, _ = self._names(args, "prioritize")
         try:
             info = self._parse(args.Pod)
             if info.request.is_empty:

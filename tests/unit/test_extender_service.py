@@ -180,3 +180,15 @@ def test_pending_pods_gauge_follows_filter_results(setup: tuple[ExtenderService,
     svc.pod_event("DELETED", big)
     assert gauge("vgpu_extender_pending_pods") == 0
     assert _bind(svc, small, "a") == "" and gauge("vgpu_extender_inflight_binds") == 0
+
+
+def test_a_bad_policy_annotation_is_refused_and_does_not_poison_learning() -> None:
+    observed: list[str] = []
+    svc = ExtenderService(_state(), FakeBinder())
+    policy = svc.planner.policy(svc.planner.config.node_policy)
+    policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
+    bad = _pod("bad", 10, annotations={ann.POD_NODE_POLICY: "tetris"})
+    result = svc.filter(schema.ExtenderArgs(Pod=bad, NodeNames=["a", "b"]))
+    assert result["NodeNames"] == [] and "tetris" in result["FailedAndUnresolvableNodes"]["a"]
+    svc.filter(schema.ExtenderArgs(Pod=_pod("good", 10), NodeNames=["a"]))
+    assert observed == ["good"] and svc._to_learn == []
