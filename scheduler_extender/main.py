@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-policy", help="node placement policy (default 'default')")
     p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
     p.add_argument("--bind-grace-seconds", type=float, help="reservation lifetime of a bind without Binding (30)")
+    p.add_argument(
+        "--relearn-interval-seconds", type=float, help="how often a learning policy takes in arriving pods (60)"
+    )
     p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -65,7 +68,12 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
 def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
     """The service plus, for the kube source, the running source (so callers can stop it)."""
     state = ClusterState(s.placement())
-    options = ServiceOptions(names=s.resource_names(), narrow_filter=s.narrow_filter, bind_grace_s=s.bind_grace_seconds)
+    options = ServiceOptions(
+        names=s.resource_names(),
+        narrow_filter=s.narrow_filter,
+        bind_grace_s=s.bind_grace_seconds,
+        relearn_interval_s=s.relearn_interval_seconds,
+    )
     lock = threading.RLock()
     if s.source == "file":
         from scheduler_extender.sources.file import FileBinder, load_cluster_file

@@ -55,6 +55,9 @@ class ExtenderSettings(BaseModel):
     bind_grace_seconds: float = Field(
         default=30.0, gt=0, description="how long an assignment without a Binding keeps its slices reserved"
     )
+    relearn_interval_seconds: float = Field(
+        default=60.0, gt=0, description="how often arriving pods are fed to a learning policy (fragaware)"
+    )
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
