@@ -12,9 +12,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.certs import make_ca_and_server
 from tests.integration.extender_server import running_extender
 from vgpu.clusterfile import parse_cluster
+from webhook.certs import write_dev_certs
 
 CLUSTER: dict[str, Any] = {
     "version": "v1",
@@ -220,7 +220,8 @@ def test_metrics_expose_allocation_in_prometheus_text(extender: str) -> None:
 
 
 def test_tls_serving_with_a_verified_certificate(tmp_path: Path, cluster_file: Path) -> None:
-    ca, cert, key = make_ca_and_server(tmp_path)
+    paths = write_dev_certs(tmp_path, ("127.0.0.1", "localhost"))  # one dev-cert helper for every service
+    ca, cert, key = paths.ca_cert, paths.cert, paths.key
     with running_extender("--source", "file", "--cluster-file", str(cluster_file), cert=(cert, key), ca=ca) as url:
         assert url.startswith("https://")
         p = pod("tls", {"nvidia.com/gpu": "1"})
