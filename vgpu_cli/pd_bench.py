@@ -25,6 +25,8 @@ COLUMNS = (
     ("ttft_attainment", "TTFT ok", "{:.1%}"),
     ("tpot_attainment", "TPOT ok", "{:.1%}"),
     ("pair_node", "P/D node", "{:.1%}"),
+    ("pair_node_capacity", "P/D cap", "{:.1%}"),
+    ("pairable", "pairable", "{:.1%}"),
     ("pair_gpu", "P/D gpu", "{:.1%}"),
     ("prefill_sm_oversubscribed", "SM over", "{:.1f}"),
     ("bw_overcommitted", "BW over", "{:.1f}"),
@@ -112,20 +114,27 @@ def plot(data: dict[str, Any], path: str) -> None:
     s_sats = sorted({r["s_sat"] for r in rows})
     panels = (
         ("goodput_rps", "goodput (req/s within SLO)"),
-        ("pair_node", "P/D same-node pairing"),
+        ("pair_node", "P/D same-node pairing (all prefills)"),
+        ("pair_node_capacity", "P/D pairing where capacity allows"),
         ("gpus_used", "GPUs used"),
         ("bw_overcommitted", "bandwidth-overcommitted GPUs"),
+        ("prefill_sm_oversubscribed", "prefill GPUs with unpartitioned SMs"),
     )
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    cols = 3
+    fig, grid = plt.subplots(-(-len(panels) // cols), cols, figsize=(4.4 * cols, 3.2 * -(-len(panels) // cols)))
+    axes = list(grid.flat)
     width = 0.8 / len(configs)
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    for ax, (key, title) in zip(axes, panels, strict=False):
         for i, c in enumerate(configs):
             ys = [next(r[key] for r in rows if r["config"] == c and r["s_sat"] == s) for s in s_sats]
             ax.bar([j + i * width for j in range(len(s_sats))], ys, width, label=c)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(s_sats))], [f"s_sat={s:g}" for s in s_sats])
         ax.set_title(title, fontsize=10)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    for ax in axes[len(panels) :]:
+        ax.axis("off")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(configs), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
 

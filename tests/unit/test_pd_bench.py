@@ -38,6 +38,15 @@ def test_default_never_oversubscribes_prefill_sms_and_pairs_more_than_without_ro
     assert ours["pair_node"] > plain["pair_node"]
 
 
+def test_capacity_aware_pairing_is_measured_for_every_configuration(runs: dict[str, bench.RunResult]) -> None:
+    for r in runs.values():
+        m = r.metrics[0.35]
+        assert 0.0 <= m["pairable"] <= 1.0
+        assert m["pair_node"] <= m["pair_node_capacity"] <= 1.0
+        # paired prefills are always pairable: raw = capacity-aware x pairable share
+        assert m["pair_node"] == pytest.approx(m["pair_node_capacity"] * m["pairable"], abs=0.05)
+
+
 def test_hami_best_effort_decodes_oversubscribe_prefill_sms(runs: dict[str, bench.RunResult]) -> None:
     assert runs["hami"].metrics[0.35]["prefill_sm_oversubscribed"] > 0
     assert runs["hami"].metrics[0.35]["goodput_rps"] < runs["default"].metrics[0.35]["goodput_rps"]
@@ -50,7 +59,7 @@ def test_cli_prints_a_table_and_writes_json(tmp_path: Path, capsys: pytest.Captu
     )
     assert code == 0
     table = capsys.readouterr().out
-    assert "fragaware-noroles" in table and "x hami" in table
+    assert "fragaware-noroles" in table and "x hami" in table and "P/D cap" in table
     data = json.loads(out.read_text())
     assert {r["config"] for r in data["results"]} >= {"hami", "default"}
     assert all(r["s_sat"] == 0.35 for r in data["results"])

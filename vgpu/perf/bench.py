@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from vgpu.config import PlacementConfig, RequestDefaults, ResourceNames, RoleRules
 from vgpu.errors import RequestError
 from vgpu.perf import cluster
+from vgpu.perf.pairing import PairingChances
 from vgpu.perf.params import PerfParams
 from vgpu.perf.workload import Checkpoint, Create, Delete, Workload
 from vgpu.planner import Planner
@@ -84,10 +85,18 @@ def run(work: Workload, bench: BenchConfig, seed: int, s_sats: Sequence[float], 
     rows: dict[float, list[dict[str, float]]] = {s: [] for s in s_sats}
     shares: list[float] = []
     waiting: list[float] = []
+    chances = PairingChances()
+
+    def placed(info: PodInfo) -> bool:
+        feasible = chances.before_place(state, info)
+        if not isinstance(place(planner, info), Placed):
+            return False
+        chances.placed(state, info, feasible)
+        return True
 
     def retry() -> None:
         for key in list(pending):
-            if isinstance(place(planner, pending[key]), Placed):
+            if placed(pending[key]):
                 del pending[key]
 
     for ev in work.events:
@@ -96,15 +105,16 @@ def run(work: Workload, bench: BenchConfig, seed: int, s_sats: Sequence[float], 
                 info = pod_info(ev.pod, names, bench.defaults)
             except RequestError:
                 continue
-            if not isinstance(place(planner, info), Placed):
+            if not placed(info):
                 pending[info.key] = info
         elif isinstance(ev, Delete):
             if pending.pop(ev.key, None) is None and state.release(ev.key) is not None:
+                chances.released(ev.key)
                 retry()
         elif isinstance(ev, Checkpoint):
             retry()
             for s in s_sats:
-                metrics, _ = cluster.evaluate(state, ev.deployments, work.gpu, params.with_(s_sat=s))
+                metrics, _ = cluster.evaluate(state, ev.deployments, work.gpu, params.with_(s_sat=s), chances)
                 rows[s].append(metrics.as_dict())
             want = sum(_share(p, gpu_mib) for p in pending.values())
             total = want + sum(

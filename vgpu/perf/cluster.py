@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from vgpu.annotations import Assignment
 from vgpu.perf import model as pm
+from vgpu.perf.pairing import PairingChances
 from vgpu.perf.params import GpuSpec, Link, PerfParams
 from vgpu.perf.workload import RACK_LABEL, Deployment, SliceShape
 from vgpu.roles import Role
@@ -44,6 +45,10 @@ class Metrics:
     tpot_attainment: float
     slo_attainment: float
     pair_node: float  # share of placed prefills with a decode of the same pool on their node
+    # ... among the pairable prefills only: paired, or with a live decode of the pool that the filter
+    # admitted next to them at a placement decision (vgpu.perf.pairing); every prefill without `chances`
+    pair_node_capacity: float
+    pairable: float  # share of placed prefills that are pairable
     pair_gpu: float  # ... on one of their GPUs
     prefill_sm_oversubscribed: int  # GPUs
     bw_overcommitted: int  # GPUs
@@ -128,16 +133,21 @@ def link(state: ClusterState, a: Assignment, b: Assignment) -> Link:
 
 
 def evaluate(
-    state: ClusterState, deployments: Iterable[Deployment], gpu: GpuSpec, params: PerfParams
+    state: ClusterState,
+    deployments: Iterable[Deployment],
+    gpu: GpuSpec,
+    params: PerfParams,
+    chances: PairingChances | None = None,
 ) -> tuple[Metrics, dict[str, GpuView]]:
-    """Model every placed replica of `deployments` on `state`; returns the metrics and each GPU's view."""
+    """Model every placed replica of `deployments` on `state`; returns the metrics and each GPU's view.
+    `chances` (recorded while placing) decides which unpaired prefills count for `pair_node_capacity`."""
     views = {u.device.uuid: gpu_view(u, params) for n in state.nodes.values() for u in n.gpus if u.holders}
     by_pool: dict[str, dict[Role, list[tuple[str, Assignment]]]] = {}
     for key, a in state.assignments.items():
         if a.model is not None and a.role in (Role.PREFILL, Role.DECODE):
             by_pool.setdefault(a.model, {Role.PREFILL: [], Role.DECODE: []})[a.role].append((key, a))
     goodput = nominal_total = offered_total = ttft_ok = tpot_ok = both_ok = 0.0
-    prefills = pair_node = pair_gpu = 0
+    prefills = pair_node = pair_gpu = pairable = 0
     for dep in deployments:
         t = dep.template
         s = slos(dep, gpu, params)
@@ -169,7 +179,9 @@ def evaluate(
                 for x in slices
             )
             links = [link(state, a, b) for _, b in decodes]
-            pair_node += any(lk in ("same-gpu", "nvlink", "pcie") for lk in links)
+            paired = any(lk in ("same-gpu", "nvlink", "pcie") for lk in links)
+            pair_node += paired
+            pairable += paired or chances is None or chances.had_chance(key)
             pair_gpu += "same-gpu" in links
             if not links:
                 continue
@@ -191,6 +203,8 @@ def evaluate(
             tpot_attainment=tpot_ok / offered_total if offered_total else 1.0,
             slo_attainment=both_ok / offered_total if offered_total else 1.0,
             pair_node=pair_node / prefills if prefills else 1.0,
+            pair_node_capacity=pair_node / pairable if pairable else 1.0,
+            pairable=pairable / prefills if prefills else 1.0,
             pair_gpu=pair_gpu / prefills if prefills else 0.0,
             prefill_sm_oversubscribed=sum(v.sm_oversubscribed for v in views.values()),
             bw_overcommitted=sum(v.bw_overcommitted for v in views.values()),
