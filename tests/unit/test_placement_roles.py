@@ -10,6 +10,7 @@ from tests.conftest import GPU_MEM, assert_invariants, make_assignment, make_inf
 from tests.unit.test_placement_binpack import planner
 from vgpu.config import RoleRules
 from vgpu.fit import NodePlacement
+from vgpu.placement.role_score import free_after, role_score
 from vgpu.planner import Planner
 from vgpu.roles import Role
 
@@ -153,3 +154,62 @@ def test_aggregated_pods_get_no_role_bonus() -> None:
     p.state.apply("ns/pd", make_assignment("b", [(0, 20000, 30)], role=Role.PREFILL_DECODE, model="default/m"))
     ev = p.evaluate(make_info(role="prefill-decode", model="m", gpumem=8192, gpucores=10))
     assert ev.feasible["a"].score == pytest.approx(ev.feasible["b"].score)
+
+
+def _decode_placement(node: str) -> NodePlacement:
+    return NodePlacement(node, make_assignment(node, [(0, 8192, 10)]).containers)
+
+
+def _tight_and_roomy(p: Planner) -> Planner:
+    for name in ("tight", "roomy"):
+        p.state.upsert_node(make_node(name, 4))
+        # Both hold a prefill of the pool (same locality); "tight" has two more GPUs taken.
+        p.state.apply(f"ns/p-{name}", make_assignment(name, [(3, GPU_MEM, 50)], role=Role.PREFILL, model="default/m"))
+    p.state.apply("ns/other", make_assignment("tight", [(1, GPU_MEM, 100), (2, GPU_MEM, 100)]))
+    return p
+
+
+def test_headroom_prefers_the_node_with_room_for_the_counterparts() -> None:
+    p = _tight_and_roomy(planner(roles=RoleRules(pair_headroom_gpus=2.0)))
+    pod = make_info(role="decode", model="m", gpumem=8192, gpucores=10)
+    rules = p.config.roles
+    tight, roomy = p.state.nodes["tight"], p.state.nodes["roomy"]
+    # Free after the decode on GPU 0: tight 0.9 GPU-equivalents, roomy 2.9 (capped at pair_headroom_gpus 2).
+    assert free_after(tight, _decode_placement("tight")) == pytest.approx(0.9)
+    assert free_after(roomy, _decode_placement("roomy")) == pytest.approx(2.9)
+    gap = role_score(roomy, _decode_placement("roomy"), pod, rules) - role_score(
+        tight, _decode_placement("tight"), pod, rules
+    )
+    assert gap == pytest.approx(rules.headroom_weight * (1.0 - 0.9 / 2.0))
+    # Through the planner: a headroom weight that outweighs binpack's fuller-node preference, and none.
+    strong = _tight_and_roomy(planner(roles=RoleRules(headroom_weight=2.0, pair_headroom_gpus=2.0)))
+    plain = _tight_and_roomy(planner(roles=RoleRules(headroom_weight=0.0)))
+    assert _gpus(strong, role="decode", model="m", gpumem=8192, gpucores=10)[0] == "roomy"
+    assert _gpus(plain, role="decode", model="m", gpumem=8192, gpucores=10)[0] == "tight"
+
+
+def test_headroom_is_off_for_roleless_pods_and_without_role_rules() -> None:
+    p = planner()
+    p.state.upsert_node(make_node("n", 4))
+    node = p.state.nodes["n"]
+    assert role_score(node, _decode_placement("n"), make_info(gpumem=8192, gpucores=10), RoleRules()) == 0.0
+    pod = make_info(role="decode", model="m", gpumem=8192, gpucores=10)
+    assert role_score(node, _decode_placement("n"), pod, RoleRules.off()) == 0.0
+    assert role_score(node, _decode_placement("n"), pod, RoleRules()) == pytest.approx(RoleRules().headroom_weight)
+
+
+def test_a_decode_seeks_prefills_without_a_decode_and_a_prefill_still_joins_a_paired_node() -> None:
+    p = planner()
+    for name, second in (("paired", Role.DECODE), ("unpaired", Role.PREFILL_DECODE)):
+        p.state.upsert_node(make_node(name, 4))
+        p.state.apply(f"ns/p-{name}", make_assignment(name, [(0, GPU_MEM, 50)], role=Role.PREFILL, model="default/m"))
+        # Same usage on both nodes: a decode of the pool on "paired", an aggregated pod on "unpaired".
+        p.state.apply(f"ns/x-{name}", make_assignment(name, [(1, GPU_MEM, 50)], role=second, model="default/m"))
+    decode = p.evaluate(make_info(role="decode", model="m", gpumem=8192, gpucores=10))
+    scores = {n: r.score for n, r in decode.feasible.items()}
+    # "unpaired": its prefill has no decode yet (locality); "paired": a second decode pairs nothing new.
+    assert scores["unpaired"] - scores["paired"] == pytest.approx(RoleRules().locality_weight)
+    prefill = p.evaluate(make_info(role="prefill", model="m", gpumem=8192, gpucores=10))
+    scores = {n: r.score for n, r in prefill.feasible.items()}
+    # A prefill gets locality next to the decode, only pool weight next to its own pool's prefill.
+    assert scores["paired"] - scores["unpaired"] == pytest.approx(RoleRules().locality_weight - RoleRules().pool_weight)

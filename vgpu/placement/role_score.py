@@ -20,8 +20,14 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
     complementarity: share of the pod's slices that land on a GPU holding the counterpart role of the
     same model (spatial P/D sharing); a prefill next to another prefill costs `prefill_pair_penalty`.
     locality: the node already hosts the counterpart role of the same model, so KV moves over NVLink
-    or PCIe instead of the network; failing that, `pool_weight` when it hosts the pod's own pool, so a
-    deployment whose prefills arrive before its decodes stays on one node.
+    or PCIe instead of the network; for a decode only where those prefills have no decode of the pool
+    yet (a second decode next to paired prefills pairs nothing new and takes the room their pool's next
+    prefills need: it scores neither locality nor pool there). Failing that, `pool_weight` when the node
+    hosts the pod's own pool without its counterpart, so a deployment whose prefills arrive before its
+    decodes stays on one node.
+    headroom: `headroom_weight` scaled by the GPU-equivalents the node keeps free after this pod, up to
+    `pair_headroom_gpus`, so the counterparts that arrive later (a decode's prefills, a prefill's decode)
+    still find room next to it.
     """
     other = counterpart(pod.role)
     if other is None:
@@ -40,8 +46,27 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
         score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / len(slices)
     if pod.model is not None:
         here = [role for (role, model), n in node.role_models.items() if model == pod.model and n > 0]
-        if any(_is(role, other) for role in here):
+        has_other = any(_is(role, other) for role in here)
+        if has_other and not (pod.role.does_decode and any(role.does_decode for role in here)):
             score += rules.locality_weight
-        elif here:
+        elif here and not has_other:
             score += rules.pool_weight
+    if rules.headroom_weight and rules.pair_headroom_gpus > 0:
+        score += rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
     return score
+
+
+def free_after(node: NodeState, placement: NodePlacement) -> float:
+    """GPU-equivalents (the larger of memory and SM share, per GPU) left free on the node after `placement`."""
+    taken: dict[str, tuple[int, int]] = {}
+    for c in placement.containers:
+        for d in c.devices:
+            mem, cores = taken.get(d.uuid, (0, 0))
+            taken[d.uuid] = (mem + d.memory_mib, cores + d.cores)
+    free = 0.0
+    for u in node.gpus:
+        mem, cores = taken.get(u.device.uuid, (0, 0))
+        dev = u.device
+        used = max((u.memory_used + mem) / dev.memory_mib, (u.cores_used + cores) / dev.cores)
+        free += max(0.0, 1.0 - used)
+    return free
