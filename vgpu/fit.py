@@ -89,14 +89,24 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             usable.append(u)
     extra: dict[str, list[int]] = {}
     out: list[ContainerAssignment] = []
+    # A role-less pod has no role order; skipping the call matters on large nodes (openb: every pod).
+    by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
     for req in pod.request.containers:
         candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
         blocked = dict(excluded)
+        sizes: dict[tuple[int, int], tuple[int, int, bool]] = {}  # (card MiB, cores) -> slice and too-small
         for u in usable:
             dev = u.device
-            mem = req.memory_on(dev.memory_mib)
-            cores = req.cores_on(dev.memory_mib)
-            if mem > int(dev.memory_mib * config.memory_scaling) or cores > int(dev.cores * config.core_scaling):
+            size = sizes.get((dev.memory_mib, dev.cores))
+            if size is None:
+                mem = req.memory_on(dev.memory_mib)
+                cores = req.cores_on(dev.memory_mib)
+                small = mem > int(dev.memory_mib * config.memory_scaling) or cores > int(
+                    dev.cores * config.core_scaling
+                )
+                size = sizes[(dev.memory_mib, dev.cores)] = (mem, cores, small)
+            mem, cores, small = size
+            if small:
                 blocked["too-small"] = blocked.get("too-small", 0) + 1
                 continue
             e = extra.get(dev.uuid, _NONE)
@@ -114,7 +124,7 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             if why is not None:
                 blocked[why] = blocked.get(why, 0) + 1
                 continue
-            by_role = role_rank(u, pod) if config.roles.gpu_role_order else 0
+            by_role = role_rank(u, pod) if by_role_order else 0
             candidates.append((by_role, rank(u, mem, cores, pod), dev.index, u, mem, cores))
         if len(candidates) < req.count:
             need = f"{req.memory_mib} MiB" if req.memory_mib is not None else f"{req.memory_percentage}% memory"

@@ -124,6 +124,9 @@ class NodeState:
     pods: dict[str, Assignment] = field(default_factory=dict)
     role_models: Counter[tuple[Role, str | None]] = field(default_factory=Counter)
     version: int = 0
+    # Cache of `vgpu.placement.gpushare.node_frees` for `version` (placement scores read it per node
+    # evaluation, the state only changes at a new version).
+    frees_memo: tuple[int, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> NodeState:

@@ -12,7 +12,7 @@ from collections import Counter
 
 from vgpu.fit import GpuRank, NodePlacement
 from vgpu.placement.frag import FragModel, TaskShape, shape_of, target_workload
-from vgpu.placement.gpushare import MILLI, free_milli, frees_after, host_after, host_free, rank_best_fit, slice_milli
+from vgpu.placement.gpushare import MILLI, frees_after, host_after, host_free, node_frees, rank_best_fit, slice_milli
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -77,18 +77,25 @@ class Fgd:
     def node_gpu_rank(self, node: NodeState, pod: PodInfo) -> GpuRank:
         """GPU order inside `node`: fragmentation after putting one slice of the pod on that GPU."""
         model = self.model_for(pod)
-        frees = [free_milli(u) for u in node.gpus]
+        frees = node_frees(node)
         pos = {u.device.uuid: i for i, u in enumerate(node.gpus)}
         cpu, mem = host_free(node)
         before = model.frag(node, frees, cpu, mem)
         cpu -= pod.cpu_milli
         mem -= pod.memory_mib
 
+        seen: dict[tuple[int, int], float] = {}  # GPUs with the same free share rank the same
+
         def rank(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-            after = list(frees)
             i = pos[u.device.uuid]
-            after[i] = max(0, after[i] - slice_milli(memory_mib, cores, u))
-            return -quantized(model.frag(node, after, cpu, mem) - before)
+            take = slice_milli(memory_mib, cores, u)
+            hit = seen.get((frees[i], take))
+            if hit is not None:
+                return hit
+            after = list(frees)
+            after[i] = max(0, after[i] - take)
+            out = seen[(frees[i], take)] = -quantized(model.frag(node, after, cpu, mem) - before)
+            return out
 
         return rank
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from vgpu.placement.gpushare import MILLI, free_milli, host_free, slice_milli
+from vgpu.placement.gpushare import MILLI, host_free, node_frees, slice_milli
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -123,4 +123,4 @@ class FragModel:
 
     def node_frag(self, node: NodeState) -> float:
         cpu, mem = host_free(node)
-        return self.frag(node, [free_milli(u) for u in node.gpus], cpu, mem)
+        return self.frag(node, node_frees(node), cpu, mem)

@@ -24,6 +24,16 @@ def free_milli(u: GpuUsage) -> int:
     return max(0, min(mem, cores))
 
 
+def node_frees(node: NodeState) -> tuple[int, ...]:
+    """`free_milli` of every GPU of the node, in node GPU order; computed once per node version."""
+    memo = node.frees_memo
+    if memo is not None and memo[0] == node.version:
+        return memo[1]
+    frees = tuple(free_milli(u) for u in node.gpus)
+    node.frees_memo = (node.version, frees)
+    return frees
+
+
 def slice_milli(memory_mib: int, cores: int, u: GpuUsage) -> int:
     """The share of GPU `u` one slice takes, in milli (rounded up: never under-counts)."""
     d = u.device
@@ -59,7 +69,10 @@ def frees_after(node: NodeState, placement: NodePlacement) -> list[int]:
     for c in placement.containers:
         for s in c.devices:
             taken[s.uuid] = taken.get(s.uuid, 0) + slice_milli(s.memory_mib, s.cores, node.by_uuid[s.uuid])
-    return [max(0, free_milli(u) - taken.get(u.device.uuid, 0)) for u in node.gpus]
+    frees = node_frees(node)
+    if not taken:
+        return list(frees)
+    return [max(0, f - taken.get(u.device.uuid, 0)) for f, u in zip(frees, node.gpus, strict=True)]
 
 
 def host_after(node: NodeState, pod: PodInfo) -> tuple[int, int]:
