@@ -248,7 +248,7 @@ class Planner:
             return False
         ev = memo.evaluation
         touched = changed & memo.name_set
-        for name in touched:
+        for name in sorted(touched):  # set order varies with PYTHONHASHSEED; ties in best() follow dict order
             ev.scores.pop(name, None)
             ev.feasible.pop(name, None)
             ev.failed.pop(name, None)
