@@ -40,3 +40,31 @@ def test_quantized_score_is_the_simulators_integer_sigmoid() -> None:
 def test_scale_stretches_the_steps(delta: float) -> None:
     assert fgd.quantized(2 * delta, 2000) == fgd.quantized(delta)
     assert fgd.Fgd.scale == 1000  # the baseline keeps the paper's steps
+
+
+def test_cached_free_shares_follow_every_change_of_the_node() -> None:
+    from vgpu.placement.gpushare import free_milli, node_frees
+
+    planner = cluster("fgd", node("a", gpus=2))
+    state = planner.state
+    a = state.nodes["a"]
+    assert node_frees(a) == (1000, 1000)
+    row = pod(300)
+    place(planner, "a", row, gpu=1)
+    assert node_frees(a) == (1000, 700)  # a cached (1000, 1000) must not survive the placement
+    state.release(to_pod_info(row, row.name).key)
+    assert node_frees(a) == tuple(free_milli(u) for u in a.gpus) == (1000, 1000)
+
+
+def test_gpu_rank_is_the_same_for_gpus_with_the_same_free_share() -> None:
+    planner = cluster("fgd", node("a", gpus=4))
+    pol = planner.policy("fgd")
+    for _ in range(20):
+        pol.observe(to_pod_info(pod(600), "w"))
+    place(planner, "a", pod(300), gpu=2)
+    st = planner.state.nodes["a"]
+    info = to_pod_info(pod(200), "q")
+    rank = pol.node_gpu_rank(st, info)
+    ranks = [rank(u, 20_000, 20, info) for u in st.gpus]
+    assert ranks[0] == ranks[1] == ranks[3]  # whole GPUs are interchangeable (memoised per free share)
+    assert ranks[2] != ranks[0]  # the partly used GPU is not
