@@ -111,6 +111,17 @@ class ExtenderMetrics:
         self.inflight = Gauge(
             "vgpu_extender_inflight_binds", "Binds between reserve and Binding", registry=self.registry
         )
+        self.learning_seeded = Counter(
+            "vgpu_extender_learning_seeded_pods_total",
+            "Running pods that seeded the placement policy's learned workload when the extender started",
+            registry=self.registry,
+        )
+        self.learning_seed_skipped = Counter(
+            "vgpu_extender_learning_seed_skipped_pods_total",
+            "Running pods with an assignment left out of the seeding, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.bad_requests = Counter(
             "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry
         )

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler_extender import schema
 from scheduler_extender.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.sync import StateSync, pod_key
+from scheduler_extender.sync import TERMINAL_PHASES, StateSync, pod_key
+from vgpu import annotations as ann
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
@@ -76,6 +78,7 @@ class ExtenderService:
         self.unschedulable: set[str] = set()  # pods whose last /filter found no node
         self._to_learn: list[PodInfo] = []
         self._learned = 0
+        self._seeded: set[str] = set()  # UIDs of running pods that seeded learning: never "first seen" again
         self._last_learn = float("-inf")
         self.clock = time.monotonic
 
@@ -90,7 +93,7 @@ class ExtenderService:
         uid = str(meta.get("uid") or "")
         if not uid:
             return False
-        new = uid not in self._recent
+        new = uid not in self._recent and uid not in self._seeded
         self._recent[uid] = pod
         self._recent.move_to_end(uid)
         if len(self._recent) > _RECENT_PODS:
@@ -103,6 +106,9 @@ class ExtenderService:
         now = self.clock()
         if self._learned >= LEARN_BOOTSTRAP and now - self._last_learn < self.options.relearn_interval_s:
             return
+        self._flush_learning(now)
+
+    def _flush_learning(self, now: float) -> None:
         for pod in self._to_learn:
             try:
                 self.planner.observe(pod)
@@ -111,6 +117,62 @@ class ExtenderService:
         self._learned += len(self._to_learn)
         self._to_learn.clear()
         self._last_learn = now
+
+    def _seed_candidates(self, pods: Iterable[dict[str, Any]]) -> tuple[list[tuple[str, PodInfo]], Counter[str]]:
+        """Parse the listed pods that hold one of our assignments; the rest are counted by why they were skipped."""
+        out: list[tuple[str, PodInfo]] = []
+        skipped: Counter[str] = Counter()
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if ann.POD_ASSIGNMENT not in (meta.get("annotations") or {}):
+                continue
+            if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                continue
+            try:
+                info = self._parse(pod)
+            except RequestError as exc:
+                skipped["invalid-request"] += 1
+                log.warning("not seeding learning from pod", extra={"pod": pod_key(pod), "error": str(exc)})
+                continue
+            except Exception as exc:  # a malformed object must never stop the seeding
+                skipped["unparsable"] += 1
+                log.warning("not seeding learning from pod", extra={"pod": pod_key(pod), "error": repr(exc)})
+                continue
+            if info.request.is_empty:
+                skipped["empty-request"] += 1
+                continue
+            out.append((str(meta.get("uid") or ""), info))
+        return out, skipped
+
+    def _seed_learning(self, candidates: list[tuple[str, PodInfo]], skipped: Counter[str]) -> int:
+        """Feed running pods to the learning path as one batch: one observe per pod, no relearn per pod.
+
+        They count towards LEARN_BOOTSTRAP and as a relearn, so /filter's batch schedule carries on from here.
+        Callers hold the state lock.
+        """
+        now = self.clock()
+        self._flush_learning(now)  # anything /filter queued before the list: same batch
+        seeded = 0
+        for uid, info in candidates:
+            try:
+                self.planner.observe(info)
+            except UnknownPolicyError as exc:
+                skipped["unknown-policy"] += 1
+                log.warning("not seeding learning from pod", extra={"pod": info.key, "error": str(exc)})
+                continue
+            seeded += 1
+            if uid:
+                self._seeded.add(uid)
+        self._learned += seeded
+        self._last_learn = now
+        self.metrics.learning_seeded.inc(seeded)
+        for reason, n in skipped.items():
+            self.metrics.learning_seed_skipped.labels(reason).inc(n)
+        log.info(
+            "learning seeded from running pods",
+            extra={"seeded": seeded, "skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped)},
+        )
+        return seeded
 
     def _release_stale(self, info: PodInfo) -> None:
         if self.sync.unbound:
@@ -291,6 +353,8 @@ class ExtenderService:
     def pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         with self.lock:
             self.sync.pod_event(kind, pod)
+            if self._seeded and (kind == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES):
+                self._seeded.discard(str((pod.get("metadata") or {}).get("uid") or ""))
             if kind == "DELETED" or (pod.get("spec") or {}).get("nodeName"):
                 key = pod_key(pod)
                 if key in self.unschedulable:
@@ -301,6 +365,15 @@ class ExtenderService:
         with self.lock:
             self.sync.replace_nodes(nodes)
 
-    def replace_pods(self, pods: list[dict[str, Any]]) -> None:
+    def replace_pods(self, pods: list[dict[str, Any]], *, seed_learning: bool = False) -> None:
+        """Apply a pod list. `seed_learning` (the source's first list only, never a relist, which would count
+        the pods twice): the running pods that hold our assignments also seed the placement policy's learned
+        workload, so a restarted extender does not start placement from a cold start."""
+        seed = self._seed_candidates(pods) if seed_learning else None  # parsing needs no lock
         with self.lock:
             self.sync.replace_pods(pods)
+            if seed is not None:
+                self._seed_learning(*seed)
+            elif self._seeded:
+                listed = {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
+                self._seeded &= listed

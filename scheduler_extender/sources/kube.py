@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kubernetes import client
 
@@ -13,6 +14,7 @@ from scheduler_extender.service import ExtenderService
 class KubeSource:
     def __init__(self, api: client.CoreV1Api, service: ExtenderService, *, watch_timeout_s: int = 300) -> None:
         self.service = service
+        self._pods_listed = False  # the first pod list seeds learning; relists do not
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self.nodes = Reflector(
             name="nodes",
@@ -26,13 +28,18 @@ class KubeSource:
         self.pods = Reflector(
             name="pods",
             list_call=api.list_pod_for_all_namespaces,
-            replace=service.replace_pods,
+            replace=self._replace_pods,
             handle=service.pod_event,
             field_selector=ACTIVE_PODS,
             on_synced=self._on_pods_synced,
             watch_timeout_s=watch_timeout_s,
         )
         self._threads: list[threading.Thread] = []
+
+    def _replace_pods(self, pods: list[dict[str, Any]]) -> None:
+        # Only the first list seeds the learned workload; a relist (410, watch failure) would count pods twice.
+        self.service.replace_pods(pods, seed_learning=not self._pods_listed)
+        self._pods_listed = True
 
     def _on_pods_synced(self) -> None:
         self._synced["pods"].set()

@@ -9,9 +9,12 @@ import pytest
 
 from scheduler_extender import schema
 from scheduler_extender.service import LEARN_BOOTSTRAP, ExtenderService, ServiceOptions
+from scheduler_extender.sources.kube import KubeSource
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.placement.frag import shape_of
+from vgpu.placement.fragaware import FragAware
 from vgpu.state import ClusterState
 
 
@@ -192,3 +195,63 @@ def test_a_bad_policy_annotation_is_refused_and_does_not_poison_learning() -> No
     assert result["NodeNames"] == [] and "tetris" in result["FailedAndUnresolvableNodes"]["a"]
     svc.filter(schema.ExtenderArgs(Pod=_pod("good", 10), NodeNames=["a"]))
     assert observed == ["good"] and svc._to_learn == []
+
+
+def _running(name: str, pct: int, gpu: str, **meta: Any) -> dict[str, Any]:
+    """A bound pod holding one of our assignments, as the apiserver lists it after an extender restart."""
+    pod = _pod(name, pct, **meta)
+    node = gpu.split("-")[1]
+    a = Assignment(node, (ann.ContainerAssignment("c", (ann.DeviceSlice(gpu, int(gpu[-1]), 40960, 50),)),))
+    pod["metadata"].setdefault("annotations", {})[ann.POD_ASSIGNMENT] = ann.encode_assignment(a)
+    pod["metadata"]["annotations"][ann.POD_BIND_PHASE] = ann.BindPhase.ALLOCATED.value
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    return pod
+
+
+def test_the_first_pod_list_seeds_learning_and_a_relist_does_not() -> None:
+    svc = ExtenderService(_state(), FakeBinder())
+    api = type("Api", (), {"list_node": None, "list_pod_for_all_namespaces": None})()
+    source = KubeSource(api, svc)
+    finished = _running("done", 30, "GPU-b-1") | {"status": {"phase": "Succeeded"}}
+    pods = [
+        _running("p0", 50, "GPU-a-0"),
+        _running("p1", 50, "GPU-a-1"),
+        _running("p2", 20, "GPU-b-0"),
+        _running("bad", 150, "GPU-b-1"),  # an invalid request: skipped, never stops the seeding
+        _pod("pending", 40),  # no assignment: not ours yet
+        finished,
+    ]
+    source.pods.replace(pods)  # the reflector's first list
+    policy = svc.planner.policy(svc.planner.config.node_policy)
+    assert isinstance(policy, FragAware)
+    shape = {pct: shape_of(svc._parse(_pod("x", pct)), with_memory=policy.with_memory) for pct in (20, 50)}
+    assert policy.seen == 3 and dict(policy.counts) == {shape[50]: 2, shape[20]: 1}
+    assert len(svc.state.assignments) == 4  # the state itself is rebuilt as before
+    sample = svc.metrics.registry.get_sample_value
+    assert sample("vgpu_extender_learning_seeded_pods_total") == 3
+    assert sample("vgpu_extender_learning_seed_skipped_pods_total", {"reason": "invalid-request"}) == 1
+
+    source.pods.replace(pods)  # a relist after a 410: the same pods are not counted again
+    assert policy.seen == 3 and sample("vgpu_extender_learning_seeded_pods_total") == 3
+
+    svc.filter(schema.ExtenderArgs(Pod=pods[0], NodeNames=["a", "b"]))  # a seeded pod is not "first seen"
+    svc.filter(schema.ExtenderArgs(Pod=_pod("new", 20), NodeNames=["a", "b"]))
+    assert policy.seen == 4 and policy.counts[shape[20]] == 2
+
+
+def test_seeded_pods_count_towards_the_bootstrap() -> None:
+    observed: list[str] = []
+    svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(relearn_interval_s=10))
+    now = [0.0]
+    svc.clock = lambda: now[0]
+    policy = svc.planner.policy(svc.planner.config.node_policy)
+    policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
+    running = [_running(f"r{i}", 10, "GPU-a-0") for i in range(LEARN_BOOTSTRAP)]
+    svc.replace_pods(running, seed_learning=True)
+    assert len(observed) == LEARN_BOOTSTRAP  # one observe per pod, in one batch
+    svc.filter(schema.ExtenderArgs(Pod=_pod("next", 10), NodeNames=["a"]))
+    assert len(observed) == LEARN_BOOTSTRAP  # past the bootstrap: held for the relearn interval
+    now[0] = 11.0
+    svc.filter(schema.ExtenderArgs(Pod=_pod("later", 10), NodeNames=["a"]))
+    assert observed[LEARN_BOOTSTRAP:] == ["next", "later"]
