@@ -3,6 +3,8 @@
     python benchmarks/openb_runs.py run --trace default --policy fgd --policy bestfit --seeds 42-51
     python benchmarks/openb_runs.py table --x 95,100,130
     python benchmarks/openb_runs.py plot --trace default --out docs/img/openb_default.png [--json FILE]
+    python benchmarks/openb_runs.py export --out docs/img/openb_runs.json   # every run, one list
+    python benchmarks/openb_runs.py import --json docs/img/openb_runs.json  # seed the dir with those runs
 
 Each finished run is written at once under `--dir` (default benchmarks/results/runs), and a run whose
 file exists is skipped, so a long campaign on a shared machine can be stopped and resumed without losing
@@ -127,6 +129,27 @@ def plot(args: argparse.Namespace) -> None:
     plot_curves(results, args.out, f"openb {args.trace} trace, seeds {seeds[0]}-{seeds[-1]}")
 
 
+def export(args: argparse.Namespace) -> None:
+    """Every run of the directory as one JSON list (the record behind docs/packing.md)."""
+    docs = [d for group in load(Path(args.dir)).values() for d in group]
+    docs.sort(key=lambda d: (d["trace"], d["policy"], d["mode"], d["seed"]))
+    Path(args.out).write_text(json.dumps(docs, separators=(",", ":")) + "\n")
+    print(f"{len(docs)} runs -> {args.out}")
+
+
+def import_runs(args: argparse.Namespace) -> None:
+    """Write the runs of an exported list into the directory, keeping any run already there."""
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    added = 0
+    for d in json.loads(Path(args.json).read_text()):
+        target = _path(out, d["trace"], d["policy"], d["mode"], d["seed"])
+        if not target.exists():
+            target.write_text(json.dumps(d) + "\n")
+            added += 1
+    print(f"{added} runs added to {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(required=True)
@@ -150,6 +173,14 @@ def main() -> None:
     g.add_argument("--json")
     g.add_argument("--dir", default=str(RUNS))
     g.set_defaults(func=plot)
+    e = sub.add_parser("export")
+    e.add_argument("--out", required=True)
+    e.add_argument("--dir", default=str(RUNS))
+    e.set_defaults(func=export)
+    i = sub.add_parser("import")
+    i.add_argument("--json", required=True)
+    i.add_argument("--dir", default=str(RUNS))
+    i.set_defaults(func=import_runs)
     args = ap.parse_args()
     args.func(args)
 
