@@ -39,7 +39,7 @@ def test_learned_workload_steers_placement_like_fgd() -> None:
 
 def test_default_is_fragaware_and_learns_from_arrivals_only() -> None:
     p = fragaware.create()
-    assert p.trace_prior is False and p.name == "fragaware"
+    assert p.trace_prior is False and p.name == "fragaware" and p.whole_gpu_weight == 0.5
 
 
 def test_cold_start_without_observe_uses_the_pods_own_shape() -> None:
@@ -62,3 +62,21 @@ def test_default_scores_on_wider_steps_than_fgd() -> None:
         assert res.placement is not None
         delta = policy.delta(planner.state.nodes[name], res.placement, info)
         assert res.score == fgd.quantized(delta, policy.scale) / 100
+
+
+def test_whole_gpu_weight_scales_whole_gpu_shapes_in_the_workload() -> None:
+    plain, half = fragaware.FragAwareWholeFull(), fragaware.FragAware()
+    for p in (plain, half):
+        _feed(p, 1000, 8)  # whole GPUs
+        _feed(p, 500, 8)
+    weights = [{s.whole_gpus: round(w, 3) for s, w in p.model.workload} for p in (plain, half)]
+    assert weights[0] == {True: 0.5, False: 0.5}
+    assert weights[1] == {True: 0.333, False: 0.667}  # 8 x 0.5 against 8 x 1
+
+
+def test_a_shared_slice_is_not_a_whole_gpu_shape() -> None:
+    from vgpu.placement.frag import shape_of
+
+    assert shape_of(to_pod_info(pod(1000), "w"), with_memory=True).whole_gpus
+    assert not shape_of(to_pod_info(pod(990), "s"), with_memory=True).whole_gpus
+    assert not shape_of(to_pod_info(pod(0, num_gpu=0), "c"), with_memory=True).whole_gpus

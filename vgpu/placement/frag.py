@@ -30,6 +30,11 @@ class TaskShape:
     slice_request: tuple[int | None, int | None, int | None]  # memory_mib, memory_percentage, cores
     models: frozenset[str] | None
 
+    @property
+    def whole_gpus(self) -> bool:
+        """Asks for whole cards (all of each GPU's memory), not a shared slice."""
+        return self.count > 0 and self.slice_request[1] is not None and self.slice_request[1] >= 100
+
     def milli_on(self, u: GpuUsage) -> int:
         mem, pct, cores = self.slice_request
         d = u.device

@@ -19,6 +19,7 @@ _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "bestfit": bestfit.create,
     "fgd": fgd.create,
     "fragaware": fragaware.create,
+    "fragaware-wg100": fragaware.create_wg100,  # the default before the whole-GPU weight
     # The extender's default: FGD against the online-learned workload (issue 6, docs/packing.md).
     "default": fragaware.create,
 }
