@@ -108,6 +108,11 @@ def plot(args: argparse.Namespace) -> None:
     for (t, p, m), docs in sorted(groups.items(), key=lambda kv: (kv[0][2] != "best", kv[0][1], kv[0][2])):
         if t != args.trace or (args.policy and p not in args.policy) or m not in (args.mode or ["best"]):
             continue
+        if args.seeds:
+            keep = set(parse_seeds(args.seeds))
+            docs = [d for d in docs if d["seed"] in keep]
+        if not docs:
+            continue
         docs.sort(key=lambda d: d["seed"])
         curves = [{int(x): v for x, v in d["unallocated_pct"].items()} for d in docs]
         secs = sum(d["seconds"] for d in docs)
@@ -171,6 +176,7 @@ def main() -> None:
     g.add_argument("--mode", action="append", choices=engine.MODES, help="modes to include (default: best)")
     g.add_argument("--out", required=True)
     g.add_argument("--json")
+    g.add_argument("--seeds", help="only these seeds, e.g. 42-51 (default: every seed collected)")
     g.add_argument("--dir", default=str(RUNS))
     g.set_defaults(func=plot)
     e = sub.add_parser("export")
