@@ -152,13 +152,19 @@ def test_assignment_without_binding_expires_after_the_grace() -> None:
     assert svc.state.assignments["ns/p"] == a
 
 
-def test_learning_is_batched_after_the_bootstrap() -> None:
+def _recording_learner() -> tuple[ExtenderService, list[str], list[float]]:
+    """A service whose policy records the pods it is fed, on a clock the test moves (`now[0]`)."""
     observed: list[str] = []
     svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(relearn_interval_s=10))
     now = [0.0]
     svc.clock = lambda: now[0]
     policy = svc.planner.policy(svc.planner.config.node_policy)
     policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
+    return svc, observed, now
+
+
+def test_learning_is_batched_after_the_bootstrap() -> None:
+    svc, observed, now = _recording_learner()
     for i in range(LEARN_BOOTSTRAP + 5):
         svc.filter(schema.ExtenderArgs(Pod=_pod(f"p{i}", 10), NodeNames=["a", "b"]))
     assert len(observed) == LEARN_BOOTSTRAP  # the bootstrap pods at once, then held back for the interval
@@ -241,12 +247,7 @@ def test_the_first_pod_list_seeds_learning_and_a_relist_does_not() -> None:
 
 
 def test_seeded_pods_count_towards_the_bootstrap() -> None:
-    observed: list[str] = []
-    svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(relearn_interval_s=10))
-    now = [0.0]
-    svc.clock = lambda: now[0]
-    policy = svc.planner.policy(svc.planner.config.node_policy)
-    policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
+    svc, observed, now = _recording_learner()
     running = [_running(f"r{i}", 10, "GPU-a-0") for i in range(LEARN_BOOTSTRAP)]
     svc.replace_pods(running, seed_learning=True)
     assert len(observed) == LEARN_BOOTSTRAP  # one observe per pod, in one batch

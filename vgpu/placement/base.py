@@ -52,18 +52,23 @@ class PodScored(Protocol):
     def pod_score(self, node_name: str, pod: PodInfo) -> float: ...
 
 
-def share_after(node: NodeState, placement: NodePlacement) -> float:
-    """Mean reserved share of the node's GPUs once the placement is applied."""
-    if not node.gpus:
-        return 0.0
+def used_after(node: NodeState, placement: NodePlacement) -> list[float]:
+    """Reserved share of each of the node's GPUs (the larger of memory and SMs) once the placement is applied."""
     added: dict[str, tuple[int, int]] = {}
     for c in placement.containers:
         for d in c.devices:
             m, k = added.get(d.uuid, (0, 0))
             added[d.uuid] = (m + d.memory_mib, k + d.cores)
-    total = 0.0
+    out: list[float] = []
     for u in node.gpus:
         m, k = added.get(u.device.uuid, (0, 0))
         dev = u.device
-        total += min(1.0, max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
-    return total / len(node.gpus)
+        out.append(max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
+    return out
+
+
+def share_after(node: NodeState, placement: NodePlacement) -> float:
+    """Mean reserved share of the node's GPUs once the placement is applied."""
+    if not node.gpus:
+        return 0.0
+    return sum(min(1.0, used) for used in used_after(node, placement)) / len(node.gpus)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vgpu.config import RoleRules
 from vgpu.fit import NodePlacement, counterpart
+from vgpu.placement.base import used_after
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import NodeState
@@ -58,15 +59,4 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
 
 def free_after(node: NodeState, placement: NodePlacement) -> float:
     """GPU-equivalents (the larger of memory and SM share, per GPU) left free on the node after `placement`."""
-    taken: dict[str, tuple[int, int]] = {}
-    for c in placement.containers:
-        for d in c.devices:
-            mem, cores = taken.get(d.uuid, (0, 0))
-            taken[d.uuid] = (mem + d.memory_mib, cores + d.cores)
-    free = 0.0
-    for u in node.gpus:
-        mem, cores = taken.get(u.device.uuid, (0, 0))
-        dev = u.device
-        used = max((u.memory_used + mem) / dev.memory_mib, (u.cores_used + cores) / dev.cores)
-        free += max(0.0, 1.0 - used)
-    return free
+    return sum(max(0.0, 1.0 - used) for used in used_after(node, placement))
