@@ -30,8 +30,9 @@ from device_plugin.pods import PodRecord
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.pods import MemoryPods
 from vgpu import annotations as ann
-from vgpu.devices import GpuDevice
+from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.roles import Role
+from vgpu.state import ClusterState
 
 
 def container_id(pod: str, container: str) -> str:
@@ -77,6 +78,15 @@ class SimNode:
     proc_root: Path
     gpus: tuple[GpuDevice, ...]
     handles: dict[str, object]
+
+    def cluster_state(self) -> ClusterState:
+        """The scheduler's view of this node: its inventory with every simulated pod's assignment applied."""
+        state = ClusterState()
+        state.upsert_node(NodeInventory(name=self.node, gpus=self.gpus))
+        for pod in self.pods.pods.values():
+            assert pod.assignment is not None
+            state.apply(pod.key, pod.assignment)
+        return state
 
 
 def build(

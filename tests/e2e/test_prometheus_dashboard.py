@@ -34,8 +34,6 @@ from device_plugin.watchdog.sampling import NvmlSampler
 from device_plugin.watchdog.watchdog import Watchdog
 from scheduler_extender.metrics import ExtenderMetrics
 from tests.unit.test_watchdog_cycle import SCENARIO
-from vgpu.devices import NodeInventory
-from vgpu.state import ClusterState
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "kube-vgpu-dashboard.json"
@@ -98,12 +96,7 @@ def exporters(tmp_path: Path) -> Iterator[dict[str, int]]:
         limiter=HardLimiter(sim.nvml, sim.handles),
         clock=lambda: sim.nvml.now,
     )
-    state = ClusterState()
-    state.upsert_node(NodeInventory(name=sim.node, gpus=sim.gpus))
-    for pod in sim.pods.pods.values():
-        assert pod.assignment is not None
-        state.apply(pod.key, pod.assignment)
-    ext = ExtenderMetrics(state)
+    ext = ExtenderMetrics(sim.cluster_state())
     stop = threading.Event()
 
     def node_loop() -> None:  # accelerated time: 1 simulated second per 0.2 s

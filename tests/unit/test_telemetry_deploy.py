@@ -15,8 +15,6 @@ from device_plugin.config import PluginConfig
 from device_plugin.telemetry.epp import METRIC, epp_registry
 from device_plugin.telemetry.exporter import node_registry
 from scheduler_extender.metrics import ExtenderMetrics
-from vgpu.devices import NodeInventory
-from vgpu.state import ClusterState
 
 from .test_watchdog_cycle import SCENARIO, make, run_for
 
@@ -47,12 +45,7 @@ def test_epp_config_uses_our_feed_and_declares_every_plugin_it_references() -> N
 def test_dashboard_queries_only_metrics_we_export(tmp_path: Path) -> None:
     sim, wd, _ = make(tmp_path, scenario={**SCENARIO, "driver": "615.71.09", "memoryLimits": "supported"})
     run_for(sim, wd, 12)
-    state = ClusterState()
-    state.upsert_node(NodeInventory(name=sim.node, gpus=sim.gpus))
-    for pod in sim.pods.pods.values():
-        assert pod.assignment is not None
-        state.apply(pod.key, pod.assignment)
-    ext = ExtenderMetrics(state)
+    ext = ExtenderMetrics(sim.cluster_state())
     ext.latency.labels("filter").observe(0.001)
     ext.filter_failure("no-fit")
     text = "".join(
