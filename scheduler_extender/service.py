@@ -74,6 +74,7 @@ class ExtenderService:
             bind_grace_s=options.bind_grace_s,
         )
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._parsed: dict[str, tuple[dict[str, Any], PodInfo]] = {}  # UID -> the pod last parsed, its parse
         self.ready = threading.Event()
         self.unschedulable: set[str] = set()  # pods whose last /filter found no node
         self._to_learn: list[PodInfo] = []
@@ -86,6 +87,22 @@ class ExtenderService:
 
     def _parse(self, pod: dict[str, Any]) -> PodInfo:
         return pod_info(pod, self.options.names, self.options.defaults)
+
+    def _parse_verb(self, pod: dict[str, Any]) -> PodInfo:
+        """`_parse` for /filter and /prioritize: kube-scheduler sends /prioritize the very pod /filter got, so a pod
+        equal to the last one parsed for its UID reuses that parse (a changed pod, or another UID, is parsed anew).
+        Invalid pods are never kept: they raise every time. Only called on the event loop's thread."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        hit = self._parsed.get(uid) if uid else None
+        if hit is not None and hit[0] == pod:
+            return hit[1]
+        info = self._parse(pod)
+        if uid:
+            self._parsed.pop(uid, None)  # re-insert: the oldest entry is the first one
+            self._parsed[uid] = (pod, info)
+            if len(self._parsed) > _RECENT_PODS:
+                del self._parsed[next(iter(self._parsed))]
+        return info
 
     def _remember(self, pod: dict[str, Any]) -> bool:
         """Keep the pod for /bind; True the first time this pod (UID) is seen."""
@@ -202,7 +219,7 @@ class ExtenderService:
         names, items = self._names(args, "filter")
         first_time = self._remember(args.Pod)
         try:
-            info = self._parse(args.Pod)
+            info = self._parse_verb(args.Pod)
             if info.request.is_empty:
                 return schema.filter_result(
                     node_names=names if items is None else None, nodes=items, failed={}, unresolvable={}
@@ -243,7 +260,7 @@ class ExtenderService:
     def prioritize(self, args: schema.ExtenderArgs) -> list[dict[str, Any]]:
         names, _ = self._names(args, "prioritize")
         try:
-            info = self._parse(args.Pod)
+            info = self._parse_verb(args.Pod)
             if info.request.is_empty:
                 return schema.host_priorities({})
             with self.lock:

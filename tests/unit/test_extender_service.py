@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import uuid
 from typing import Any
 
@@ -189,6 +190,28 @@ def test_pending_pods_gauge_follows_filter_results(setup: tuple[ExtenderService,
     svc.pod_event("DELETED", big)
     assert gauge("vgpu_extender_pending_pods") == 0
     assert _bind(svc, small, "a") == "" and gauge("vgpu_extender_inflight_binds") == 0
+
+
+def test_prioritize_reuses_the_parse_of_the_pod_filter_got_and_a_changed_pod_is_parsed_again(
+    setup: tuple[ExtenderService, FakeBinder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, _binder = setup
+    parsed: list[str] = []
+    parse = svc._parse
+    monkeypatch.setattr(svc, "_parse", lambda pod: parsed.append(pod["metadata"]["name"]) or parse(pod))
+    pod = _pod("p", 10)
+    filtered = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    wire_copy = copy.deepcopy(pod)  # what /prioritize decodes from its own body: equal, not the same object
+    assert svc.prioritize(schema.ExtenderArgs(Pod=wire_copy, NodeNames=filtered["NodeNames"]))
+    assert parsed == ["p"]
+    changed = copy.deepcopy(pod)
+    changed["metadata"]["annotations"] = {ann.POD_NODE_POLICY: "tetris"}  # same UID, different pod: parsed again
+    assert svc.prioritize(schema.ExtenderArgs(Pod=changed, NodeNames=["a", "b"])) == []
+    assert parsed == ["p", "p"]
+    bad = _pod("bad", 150)  # an invalid request is never kept: each verb refuses it again
+    for _ in range(2):
+        assert svc.filter(schema.ExtenderArgs(Pod=bad, NodeNames=["a"]))["NodeNames"] == []
+    assert parsed == ["p", "p", "bad", "bad"]
 
 
 def test_a_bad_policy_annotation_is_refused_and_does_not_poison_learning() -> None:
