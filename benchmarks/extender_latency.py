@@ -92,7 +92,7 @@ def pct(values: list[float], q: float) -> float:
 
 class Client:
     """A keep-alive HTTP/1.1 connection with orjson bodies: kube-scheduler's Go client adds next to nothing per
-    call, so the benchmark's own client should not either (httpx adds ~0.35 ms a request). Every call is still a
+    call, so the benchmark's own client should not either (httpx adds ~0.4 ms a request). Every call is still a
     full round trip: send the whole request, read the whole response."""
 
     _HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
