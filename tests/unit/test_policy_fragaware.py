@@ -80,3 +80,42 @@ def test_a_shared_slice_is_not_a_whole_gpu_shape() -> None:
     assert shape_of(to_pod_info(pod(1000), "w"), with_memory=True).whole_gpus
     assert not shape_of(to_pod_info(pod(990), "s"), with_memory=True).whole_gpus
     assert not shape_of(to_pod_info(pod(0, num_gpu=0), "c"), with_memory=True).whole_gpus
+
+
+def test_step_width_follows_the_share_of_whole_gpu_pods() -> None:
+    def learned_scale(whole: int, shared: int) -> float:
+        p = fragaware.FragAware()
+        _feed(p, 1000, whole)
+        _feed(p, 400, shared)
+        return p.scale
+
+    assert fragaware.FragAware().scale == 2000  # before anything is learnt
+    assert learned_scale(0, 16) == 1500  # sharing only: narrowest steps
+    assert learned_scale(4, 12) == 1750  # a quarter whole cards: half way
+    assert learned_scale(8, 8) == learned_scale(12, 4) == 2000  # half or more: the widest
+
+
+def test_cpu_only_pods_do_not_move_the_step_width() -> None:
+    p = fragaware.FragAware()
+    _feed(p, 400, 8)
+    for i in range(8):
+        p.observe(to_pod_info(pod(0, num_gpu=0), f"c{i}"))
+    assert p.scale == 1500
+
+
+def test_the_step_width_changes_only_with_a_rebuilt_workload() -> None:
+    p = fragaware.FragAware()
+    _feed(p, 400, 2048)
+    epoch, scale = p.epoch, p.scale
+    _feed(p, 1000, 40)
+    _feed(p, 400, 984)  # the 3072 checkpoint: too small a change to rebuild, so cached scores stay valid
+    assert p.scale_for(p.counts) != scale
+    assert (p.epoch, p.scale) == (epoch, scale)
+    _feed(p, 1000, 1024)  # a third whole cards by 4096: rebuilt, wider steps
+    assert p.epoch > epoch and p.scale > scale
+
+
+def test_previous_defaults_keep_fixed_steps() -> None:
+    for p in (fragaware.FragAwareWholeFull(), fragaware.FragAwareFixedSteps()):
+        _feed(p, 400, 32)
+        assert p.scale == 2000

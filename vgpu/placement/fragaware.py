@@ -11,11 +11,14 @@ What it adds to `fgd`, each kept because it measured better on the openb traces 
   pushes shared slices onto partly used GPUs in poor pairings (320 + 470 milli, 210 left, where 320 + 650
   leaves 30) long before whole GPUs run short. Default trace, seeds 42-51: 4.72 -> 4.50 (fgd 4.80), lower
   than fgd on every seed; 0.35 measured worse than 0.5;
-- the coarse integer fragmentation score of the paper (ties broken by node order) is kept, with steps
-  twice as wide (`scale` 2000: one step is about 80 milli of fragmentation near 0): choosing the exact
-  minimum was measured 1.2 points worse, a bin-packing tie-break inside a step 0.4 worse, and the wider
-  steps better than the paper's 1000 (default trace: 0.1-0.3 on seeds 42-43; gpushare40: 0.44 on seed 42;
-  4000 no better than 2000).
+- the coarse integer fragmentation score of the paper (ties broken by node order) is kept, with wider
+  steps: choosing the exact minimum was measured 1.2 points worse, a bin-packing tie-break inside a step
+  0.4 worse. How wide depends on the learned workload (`scale_for`): 2000 (one step is about 80 milli of
+  fragmentation near 0) once half the GPU pods ask for whole cards, narrowing linearly to 1500 when none
+  do. Whole-card-heavy traces measured best at 2000 (default trace seeds 42-51: 4.50 against 4.60 at
+  1500; 4000 no better), sharing-heavy ones at 1500 (gpushare100 seeds 42-46: 13.29 against 13.52 at
+  2000; 1000 worse again): with few whole-card tasks the fragmentation deltas between candidate nodes are
+  smaller, and the same step width lumps together nodes that differ.
 """
 
 from __future__ import annotations
@@ -41,7 +44,11 @@ class FragAware(Fgd):
     name = "fragaware"
     trace_prior = False
     with_memory = True
+    # Step width (see the module docstring): `scale` until the first rebuild and whenever at least
+    # `whole_share_full` of the GPU pods seen ask for whole cards, narrowing linearly to `scale_sharing`.
     scale = 2.0 * MILLI
+    scale_sharing: float | None = 1.5 * MILLI  # None: keep `scale` whatever the workload
+    whole_share_full = 0.5
     # Whole-GPU task shapes count half in the workload (see the module docstring).
     whole_gpu_weight = 0.5
 
@@ -63,7 +70,19 @@ class FragAware(Fgd):
             return
         self._workload = workload
         self._model = FragModel(workload)
+        self.scale = self.scale_for(self.counts)
         self._epoch += 1
+
+    def scale_for(self, counts: dict[TaskShape, int]) -> float:
+        """The step width for a workload seen as these shape counts (see the module docstring)."""
+        wide = type(self).scale
+        if self.scale_sharing is None:
+            return wide
+        gpu_pods = sum(n for s, n in counts.items() if s.count)
+        if not gpu_pods:
+            return wide
+        whole = sum(n for s, n in counts.items() if s.whole_gpus) / gpu_pods
+        return self.scale_sharing + (wide - self.scale_sharing) * min(1.0, whole / self.whole_share_full)
 
     def _weighted(self) -> dict[TaskShape, float]:
         w = self.whole_gpu_weight
@@ -101,12 +120,24 @@ def create() -> FragAware:
 
 
 class FragAwareWholeFull(FragAware):
-    """The default before the whole-GPU weight (whole-GPU shapes at their count), kept so the
+    """The default before the whole-GPU weight (whole-GPU shapes at their count, fixed steps), kept so the
     comparison in docs/packing.md can be reproduced."""
 
     name = "fragaware-wg100"
     whole_gpu_weight = 1.0
+    scale_sharing = None
 
 
 def create_wg100() -> FragAware:
     return FragAwareWholeFull()
+
+
+class FragAwareFixedSteps(FragAware):
+    """The default before the workload-dependent step width (always 2000), kept for the comparison."""
+
+    name = "fragaware-s2000"
+    scale_sharing = None
+
+
+def create_s2000() -> FragAware:
+    return FragAwareFixedSteps()

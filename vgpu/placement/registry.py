@@ -20,6 +20,7 @@ _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "fgd": fgd.create,
     "fragaware": fragaware.create,
     "fragaware-wg100": fragaware.create_wg100,  # the default before the whole-GPU weight
+    "fragaware-s2000": fragaware.create_s2000,  # the default before the workload-dependent step width
     # The extender's default: FGD against the online-learned workload (issue 6, docs/packing.md).
     "default": fragaware.create,
 }
