@@ -1,0 +1,439 @@
+"""The Helm chart deploy/helm/kube-vgpu, rendered by the real helm (hack/build-helm.sh).
+
+- `helm lint --strict` passes with the defaults and with every component toggled;
+- every rendering is made of valid Kubernetes objects (offline schemas, as tests/unit/test_manifests.py does);
+- with the defaults the chart renders exactly the objects of the plain manifests under deploy/ and, object by
+  object, the same spec (names, images, args, probes, security contexts, RBAC rules, ports, volumes ...), so the
+  two cannot drift apart; the configs it renders load through the programs' own loaders with the same result;
+- values reach the objects (resource names, extender flags, TLS modes) and bad values fail with the schema's message.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .helm_chart import CHART, NAMESPACE, ROOT, by_key, run_helm, template, template_error
+
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.33.1"  # as tests/unit/test_manifests.py
+CRD_KINDS = {
+    "Issuer": "cert-manager.io/v1",
+    "Certificate": "cert-manager.io/v1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+    "ServiceMonitor": "monitoring.coreos.com/v1",
+}
+COMPONENTS = ("extender", "scheduler", "webhook", "devicePlugin")
+ALL_OFF: dict[str, Any] = {f"{c}.enabled": False for c in COMPONENTS}
+EVERYTHING: dict[str, Any] = {
+    "monitoring.serviceMonitor.enabled": True,
+    "monitoring.grafanaDashboard.enabled": True,
+    "webhook.tls.mode": "certManager",
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "all-off": ALL_OFF,
+    **{f"only-{c}": {**ALL_OFF, f"{c}.enabled": True} for c in COMPONENTS},
+    "everything": EVERYTHING,
+    "webhook-own-secret": {"webhook.tls.mode": "secret", "webhook.tls.caBundle": "Q0EgUEVN"},
+    "monitoring-without-components": {**ALL_OFF, **EVERYTHING},
+}
+
+
+def _docs(*paths: str) -> list[dict[str, Any]]:
+    return [d for p in paths for d in yaml.safe_load_all((DEPLOY / p).read_text()) if d]
+
+
+WEBHOOK_FILES = (
+    "webhook/deployment.yaml",
+    "webhook/mutatingwebhookconfiguration.yaml",
+    "webhook/validatingwebhookconfiguration.yaml",
+)
+
+
+def manifests(component: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The plain manifests' objects of one component (webhook: with the cert Job, the chart's default)."""
+    if component in ("extender", "scheduler"):
+        prefix = "vgpu-extender" if component == "extender" else "vgpu-scheduler"
+        return {k: d for k, d in by_key(_docs("manifests/extender.yaml")).items() if k[1].startswith(prefix)}
+    if component == "webhook":
+        return by_key(_docs(*WEBHOOK_FILES, "webhook/cert-job.yaml"))
+    if component == "devicePlugin":
+        return by_key(_docs("device-plugin/daemonset.yaml"))
+    raise KeyError(component)
+
+
+def all_manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    return {k: d for c in COMPONENTS for k, d in manifests(c).items()}
+
+
+def _pod_spec_normalized(template_: dict[str, Any]) -> None:
+    ann = template_.get("metadata", {}).get("annotations", {})
+    for key in [k for k in ann if k.startswith("checksum/")]:
+        del ann[key]
+    if "annotations" in template_.get("metadata", {}) and not ann:
+        del template_["metadata"]["annotations"]
+    for c in template_["spec"]["containers"]:
+        # The manifests' images have fixed tags, for which the API's default pull policy is IfNotPresent.
+        c.setdefault("imagePullPolicy", "IfNotPresent")
+
+
+def normalized(doc: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal between the chart and the manifests: everything but metadata other than the name and
+    namespace (the chart adds Helm's labels), with embedded config files parsed and CEL whitespace ignored."""
+    out = {k: copy.deepcopy(v) for k, v in doc.items() if k != "metadata"}
+    out["metadata"] = {k: doc["metadata"][k] for k in ("name", "namespace") if k in doc["metadata"]}
+    if doc["kind"] in ("Deployment", "DaemonSet", "Job"):
+        _pod_spec_normalized(out["spec"]["template"])
+    if doc["kind"] == "ConfigMap":
+        out["data"] = {
+            k: json.loads(v) if k.endswith(".json") else yaml.safe_load(v) for k, v in out.get("data", {}).items()
+        }
+    if doc["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for wh in out["webhooks"]:
+            for cond in wh.get("matchConditions", []):
+                cond["expression"] = "".join(cond["expression"].split())
+    return out
+
+
+def _container(doc: dict[str, Any]) -> dict[str, Any]:
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    c: dict[str, Any] = container
+    return c
+
+
+def _extender_settings(doc: dict[str, Any]) -> Any:
+    """The ExtenderSettings vgpu-extender builds from the container's args and env (no config file)."""
+    from scheduler_extender.main import build_parser
+    from scheduler_extender.settings import load
+
+    c = _container(doc)
+    args = build_parser().parse_args(c["args"])
+    env = {e["name"]: e["value"] for e in c.get("env", [])}
+    return load(flags={k: v for k, v in vars(args).items() if k != "config"}, env=env, config_file=None)
+
+
+def _webhook_config(doc: dict[str, Any], tmp_path: Path) -> Any:
+    from webhook.config_load import load
+
+    path = tmp_path / "webhook.yaml"
+    path.write_text(doc["data"]["webhook.yaml"])
+    return load(argv=["--config", str(path)], environ={})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lint and schema validity
+
+
+def _set_args(values: dict[str, Any]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_helm_lint_strict(helm: str, variant: str) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *_set_args(VARIANTS[variant]))
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rendered_objects_are_valid_kubernetes_objects(helm: str, variant: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = template(helm, VARIANTS[variant])
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:  # custom resources: no schema in the apiserver's OpenAPI
+            assert doc["apiVersion"] == CRD_KINDS[doc["kind"]]
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        ns = doc["metadata"].get("namespace")
+        assert ns in (None, NAMESPACE), (doc["kind"], doc["metadata"]["name"])
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/part-of") == "kube-vgpu" and labels.get("app.kubernetes.io/instance")
+
+
+def test_all_components_off_renders_nothing(helm: str) -> None:
+    assert template(helm, ALL_OFF) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the chart and the manifests: same objects, same specs
+
+
+def test_defaults_render_exactly_the_manifests_objects(helm: str) -> None:
+    assert set(by_key(template(helm))) == set(all_manifests())
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_switches_its_own_objects(helm: str, component: str) -> None:
+    only = set(by_key(template(helm, {**ALL_OFF, f"{component}.enabled": True})))
+    assert only == set(manifests(component))
+    without = set(by_key(template(helm, {f"{component}.enabled": False})))
+    assert without == set(all_manifests()) - set(manifests(component))
+
+
+def assert_same_object(ours: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The chart's object is the manifest's, up to Helm's labels and two spelled-out defaults."""
+    key = (manifest["kind"], manifest["metadata"]["name"])
+    # Every label of the manifest (app.kubernetes.io/name, part-of) is on the chart's object.
+    assert manifest["metadata"].get("labels", {}).items() <= ours["metadata"]["labels"].items(), key
+    a, b = normalized(ours), normalized(manifest)
+    if key == ("Deployment", "vgpu-extender"):
+        # The chart passes every extender setting explicitly: the program must end up with the same settings.
+        assert _extender_settings(ours) == _extender_settings(manifest)
+        assert set(_container(manifest)["args"]) <= set(_container(ours)["args"])
+        for d in (a, b):
+            del _container(d)["args"], _container(d)["env"]
+    if key == ("ConfigMap", "vgpu-webhook"):
+        from webhook.config import WebhookConfig
+
+        res = a["data"]["webhook.yaml"].pop("resources")  # the chart spells out the resource names
+        default = WebhookConfig()
+        assert res == {
+            "count": default.resource_count,
+            "memory": default.resource_memory,
+            "memoryPercentage": default.resource_memory_percentage,
+            "cores": default.resource_cores,
+            "priority": default.resource_priority,
+        }
+    assert a == b, key
+
+
+def test_default_objects_equal_the_manifests(helm: str) -> None:
+    chart = by_key(template(helm))
+    for key, manifest in all_manifests().items():
+        assert_same_object(chart[key], manifest)
+        if key[0] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            # The manifests carry cert-manager's inject annotation always; the chart only in certManager mode.
+            assert "annotations" not in chart[key]["metadata"]
+
+
+def test_scheduler_configmap_is_the_shipped_kube_scheduler_config(helm: str) -> None:
+    cm = by_key(template(helm))[("ConfigMap", "vgpu-scheduler-config")]
+    shipped = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    assert yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"]) == shipped
+
+
+def test_cert_job_is_a_hook_that_runs_on_install_and_upgrade(helm: str) -> None:
+    job = by_key(template(helm))[("Job", "vgpu-webhook-certs")]
+    ann = job["metadata"]["annotations"]
+    assert set(ann["helm.sh/hook"].split(",")) == {"post-install", "post-upgrade"}
+    assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    # The Job patches what the chart installs: both webhook configurations, and the Secret the webhook mounts.
+    chart = by_key(template(helm))
+    args = _container(job)["args"]
+    assert "--mutating=vgpu-webhook" in args and "--validating=vgpu-webhook" in args
+    secret = chart[("Deployment", "vgpu-webhook")]["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
+    assert f"--secret={secret}" in args
+    no_validating = _container(
+        by_key(template(helm, {"webhook.validatingWebhook": False}))[("Job", "vgpu-webhook-certs")]
+    )
+    assert "--validating=vgpu-webhook" not in no_validating["args"]
+
+
+def test_cert_manager_mode_renders_certificate_yaml(helm: str) -> None:
+    chart = by_key(template(helm, {"webhook.tls.mode": "certManager"}))
+    expected = {**by_key(_docs(*WEBHOOK_FILES, "webhook/certificate.yaml"))}
+    assert {k for k in chart if k[1].startswith("vgpu-webhook")} == set(expected)
+    for key, manifest in expected.items():
+        assert_same_object(chart[key], manifest)
+        if "annotations" in manifest["metadata"]:  # the CA injector's annotation
+            assert chart[key]["metadata"]["annotations"] == manifest["metadata"]["annotations"], key
+
+
+def test_own_secret_mode_sets_the_ca_bundle(helm: str) -> None:
+    chart = by_key(template(helm, {"webhook.tls.mode": "secret", "webhook.tls.caBundle": "Q0EgUEVN"}))
+    assert ("Job", "vgpu-webhook-certs") not in chart and ("Certificate", "vgpu-webhook") not in chart
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (wh,) = chart[(kind, "vgpu-webhook")]["webhooks"]
+        assert wh["clientConfig"]["caBundle"] == "Q0EgUEVN"
+
+
+def test_monitoring_renders_servicemonitor_yaml_and_the_dashboard(helm: str) -> None:
+    values = {"monitoring.serviceMonitor.enabled": True, "monitoring.grafanaDashboard.enabled": True}
+    chart = by_key(template(helm, {**values, "monitoring.serviceMonitor.labels": {"release": "prometheus"}}))
+    for key, manifest in by_key(_docs("prometheus/servicemonitor.yaml")).items():
+        assert_same_object(chart[key], manifest)
+        assert chart[key]["metadata"]["labels"]["release"] == "prometheus"
+    dash = chart[("ConfigMap", "vgpu-grafana-dashboard")]
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((DEPLOY / "grafana" / "kube-vgpu-dashboard.json").read_text())
+    assert json.loads(dash["data"]["kube-vgpu-dashboard.json"]) == shipped
+    # Each monitor follows its component; the dashboard can go elsewhere (where the Grafana sidecar looks).
+    keys = set(
+        by_key(
+            template(helm, {**values, "extender.enabled": False, "monitoring.grafanaDashboard.namespace": "grafana"})
+        )
+    )
+    assert ("PodMonitor", "vgpu-device-plugin") in keys and ("ServiceMonitor", "vgpu-extender") not in keys
+    moved = by_key(template(helm, {**values, "monitoring.grafanaDashboard.namespace": "grafana"}))
+    assert moved[("ConfigMap", "vgpu-grafana-dashboard")]["metadata"]["namespace"] == "grafana"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# values reach the objects
+
+
+def test_extender_values_become_its_settings(helm: str) -> None:
+    values = {
+        "extender.nodePolicy": "spread",
+        "extender.gpuPolicy": "binpack",
+        "extender.narrowFilter": True,
+        "extender.priorityMapping": "minmax",
+        "extender.bindGraceSeconds": 45,
+        "extender.relearnIntervalSeconds": 120,
+        "extender.logLevel": "debug",
+        "extender.logFormat": "text",
+        "extender.port": 9443,
+        "extender.tls.secretName": "my-extender-tls",
+    }
+    chart = by_key(template(helm, values))
+    dep = chart[("Deployment", "vgpu-extender")]
+    s = _extender_settings(dep)
+    assert (s.node_policy, s.gpu_policy, s.narrow_filter, s.priority_mapping) == ("spread", "binpack", True, "minmax")
+    assert (s.bind_grace_seconds, s.relearn_interval_seconds, s.log_level, s.log_format) == (45, 120, "debug", "text")
+    assert s.port == 9443 and s.source == "kube"
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == "my-extender-tls"
+    assert chart[("Service", "vgpu-extender")]["spec"]["ports"][0]["port"] == 9443
+    cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
+    assert cfg["extenders"][0]["urlPrefix"] == f"https://vgpu-extender.{NAMESPACE}.svc:9443"
+
+
+def test_resource_names_reach_every_component(helm: str, tmp_path: Path) -> None:
+    from device_plugin.config import load as load_plugin
+
+    names = {
+        "count": "example.com/vgpu",
+        "memory": "example.com/vmem",
+        "memoryPercentage": "example.com/vmem-pct",
+        "cores": "example.com/vcores",
+        "priority": "example.com/vprio",
+    }
+    chart = by_key(template(helm, {f"resourceNames.{k}": v for k, v in names.items()}))
+    # kube-scheduler: the managed resources, only the count counted by kube-scheduler itself
+    cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
+    managed = {r["name"]: r["ignoredByScheduler"] for r in cfg["extenders"][0]["managedResources"]}
+    assert managed == {
+        names["count"]: False,
+        names["memory"]: True,
+        names["memoryPercentage"]: True,
+        names["cores"]: True,
+    }
+    # the extender
+    rn = _extender_settings(chart[("Deployment", "vgpu-extender")]).resource_names()
+    assert (rn.count, rn.memory, rn.memory_percentage, rn.cores, rn.priority) == tuple(names.values())
+    # the webhook's config and the pods its configurations send it
+    wh = _webhook_config(chart[("ConfigMap", "vgpu-webhook")], tmp_path)
+    assert (wh.resource_count, wh.resource_memory, wh.resource_cores, wh.resource_priority) == (
+        names["count"],
+        names["memory"],
+        names["cores"],
+        names["priority"],
+    )
+    assert wh.resource_memory_percentage == names["memoryPercentage"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (hook,) = chart[(kind, "vgpu-webhook")]["webhooks"]
+        expr = hook["matchConditions"][0]["expression"]
+        assert all(f"'{n}'" in expr for n in names.values()) and "nvidia.com" not in expr
+    # the device plugin advertises the count resource
+    path = tmp_path / "device-plugin.yaml"
+    path.write_text(chart[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"])
+    assert load_plugin(["--config", str(path), "--node-name", "gpu-1"], {}).resource_name == names["count"]
+
+
+def test_rendered_configs_load_like_the_manifests(helm: str, tmp_path: Path) -> None:
+    from device_plugin.config import load as load_plugin
+
+    chart = by_key(template(helm))
+    manifest = all_manifests()
+    (tmp_path / "chart").mkdir()
+    (tmp_path / "manifest").mkdir()
+    assert _webhook_config(chart[("ConfigMap", "vgpu-webhook")], tmp_path / "chart") == _webhook_config(
+        manifest[("ConfigMap", "vgpu-webhook")], tmp_path / "manifest"
+    )
+    loaded = []
+    for name, docs in (("chart", chart), ("manifest", manifest)):
+        path = tmp_path / name / "device-plugin.yaml"
+        path.write_text(docs[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"])
+        loaded.append(load_plugin(["--config", str(path), "--node-name", "gpu-1"], {}))
+    assert loaded[0] == loaded[1]
+
+
+def test_scheduler_name_reaches_the_profile_the_lease_and_the_webhook(helm: str, tmp_path: Path) -> None:
+    chart = by_key(template(helm, {"scheduler.name": "gpu-scheduler", "scheduler.extenderCAData": "Q0E="}))
+    cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpu-scheduler"]
+    assert cfg["leaderElection"]["resourceName"] == "gpu-scheduler"
+    assert cfg["extenders"][0]["tlsConfig"]["caData"] == "Q0E="
+    lease_rule = chart[("Role", "vgpu-scheduler-leader-election")]["rules"][1]
+    assert lease_rule["resourceNames"] == ["gpu-scheduler"]
+    assert _webhook_config(chart[("ConfigMap", "vgpu-webhook")], tmp_path).scheduler_name == "gpu-scheduler"
+
+
+def test_config_changes_roll_the_pods(helm: str) -> None:
+    def checksums(values: dict[str, Any]) -> dict[str, str]:
+        chart = by_key(template(helm, values))
+        return {
+            name: chart[(kind, name)]["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for kind, name in (
+                ("Deployment", "vgpu-scheduler"),
+                ("Deployment", "vgpu-webhook"),
+                ("DaemonSet", "vgpu-device-plugin"),
+            )
+        }
+
+    base = checksums({})
+    changed = checksums(
+        {"scheduler.extenderCAData": "Q0E=", "webhook.defaults.priority": 0, "devicePlugin.config.split_count": 4}
+    )
+    assert all(base[k] != changed[k] for k in base)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bad values
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"extender.replicas": 0}, "at '/extender/replicas': minimum: got 0, want 1"),
+        ({"extender.replicas": 2}, "at '/extender/replicas': maximum: got 2, want 1"),
+        ({"scheduler.replicas": 0}, "at '/scheduler/replicas': minimum: got 0, want 1"),
+        ({"extender.nodePolicy": "tetris"}, "at '/extender/nodePolicy': value must be one of 'bestfit', 'binpack'"),
+        ({"extender.gpuPolicy": "random"}, "at '/extender/gpuPolicy': value must be one of '', 'binpack', 'spread'"),
+        ({"extender.bindGraceSeconds": 0}, "at '/extender/bindGraceSeconds': exclusiveMinimum"),
+        ({"extender.typo": 1}, "at '/extender': additional properties 'typo' not allowed"),
+        ({"scheduler.name": "Vgpu_Scheduler"}, "at '/scheduler/name': 'Vgpu_Scheduler' does not match pattern"),
+        ({"scheduler.extenderHTTPTimeout": "5 seconds"}, "at '/scheduler/extenderHTTPTimeout'"),
+        (
+            {"webhook.tls.mode": "manual"},
+            "at '/webhook/tls/mode': value must be one of 'certJob', 'certManager', 'secret'",
+        ),
+        ({"webhook.tls.mode": "secret"}, "at '/webhook/tls/caBundle': minLength: got 0, want 1"),
+        (
+            {"webhook.defaults.memoryPercentage": 150},
+            "at '/webhook/defaults/memoryPercentage': maximum: got 150, want 100",
+        ),
+        ({"webhook.timeoutSeconds": 31}, "at '/webhook/timeoutSeconds': maximum: got 31, want 30"),
+        ({"devicePlugin.config.split_count": 0}, "at '/devicePlugin/config/split_count': minimum: got 0, want 1"),
+        ({"devicePlugin.config.enforcement_steps": "kill"}, "at '/devicePlugin/config/enforcement_steps'"),
+        ({"devicePlugin.config.resource_name": "x"}, "additional properties 'resource_name' not allowed"),
+        ({"resourceNames.memory": "not a name"}, "at '/resourceNames/memory'"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_bad_values_fail_with_the_schema_message(helm: str, values: dict[str, Any], message: str) -> None:
+    err = template_error(helm, values)
+    assert "values don't meet the specifications of the schema(s)" in err, err
+    assert message in err, err
+
+
+def test_schema_enum_lists_every_policy_helm_accepts(helm: str) -> None:
+    from vgpu.placement import registry
+
+    for name in registry.names():
+        dep = by_key(template(helm, {"extender.nodePolicy": name}))[("Deployment", "vgpu-extender")]
+        assert _extender_settings(dep).node_policy == name
