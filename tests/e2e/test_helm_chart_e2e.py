@@ -47,7 +47,9 @@ def test_rendered_chart_passes_server_side_dry_run(control_plane: ControlPlane, 
 
 def test_helm_install_dry_run_prints_how_to_use_the_scheduler(control_plane: ControlPlane, helm: str) -> None:
     args = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=server"]
-    args += ["--kubeconfig", str(control_plane.admin_kubeconfig)]
+    # The control plane is shared with the other e2e tests, which create the manifests' objects (the same
+    # cluster-scoped names, e.g. ClusterRole vgpu-extender) without Helm's ownership labels.
+    args += ["--take-ownership", "--kubeconfig", str(control_plane.admin_kubeconfig)]
     notes = run_helm(helm, *args).stdout.split("NOTES:", 1)[1]
     assert "schedulerName: vgpu-scheduler" in notes and "nvidia.com/gpumem: 10240" in notes
     assert "scheduler.extenderCAData is still the placeholder" in notes
