@@ -8,13 +8,14 @@ a failure to build or start is an error. ``namespace`` (function): a fresh names
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.prebuild import build_before_tests, uses_fixture
 
 from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries, ensure_kwok
 
@@ -41,22 +42,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _build_error
     if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1" or session.config.option.collectonly:
         return
-    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+    if not uses_fixture(session, "control_plane"):
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("e2e: building/locating kube-apiserver, kube-scheduler and etcd (cached) ...")
-    capman = session.config.pluginmanager.get_plugin("capturemanager")
-    try:  # show the build's progress (it may take minutes) instead of capturing it
-        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
-            bin_dir, etcd = ensure_binaries()
-            if any("kwok" in getattr(item, "fixturenames", ()) for item in session.items):
-                ensure_kwok()
-    except Exception as e:  # re-raised by the fixture
-        _build_error = e
-        return
-    if reporter is not None:
-        reporter.write_line(f"e2e: binaries in {bin_dir}, etcd {etcd}")
+    with_kwok = uses_fixture(session, "kwok")
+
+    def build() -> str:
+        bin_dir, etcd = ensure_binaries()
+        if with_kwok:
+            ensure_kwok()
+        return f"binaries in {bin_dir}, etcd {etcd}"
+
+    _build_error = build_before_tests(session, "e2e", "kube-apiserver, kube-scheduler and etcd", build)
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,11 @@ selected test uses it. A failed build errors every helm test loudly; ``KUBE_VGPU
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
+
+from tests.prebuild import build_before_tests, uses_fixture
 
 from .helm_chart import HelmError, helm_binary
 
@@ -23,22 +24,9 @@ def _skipped() -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _build_error
-    if _skipped() or session.config.option.collectonly:
+    if _skipped() or session.config.option.collectonly or not uses_fixture(session, "helm"):
         return
-    if not any("helm" in getattr(item, "fixturenames", ()) for item in session.items):
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("helm: building/locating the helm binary (cached) ...")
-    capman = session.config.pluginmanager.get_plugin("capturemanager")
-    try:  # show a cold build's progress instead of capturing it
-        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
-            path = helm_binary()
-    except Exception as e:  # re-raised by the fixture
-        _build_error = e
-        return
-    if reporter is not None:
-        reporter.write_line(f"helm: {path}")
+    _build_error = build_before_tests(session, "helm", "the helm binary", helm_binary)
 
 
 @pytest.fixture(scope="session")
