@@ -57,6 +57,14 @@ def create_binding(api: client.CoreV1Api, *, namespace: str, name: str, uid: str
     api.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
 
 
+def nudge_pod(
+    api: client.CoreV1Api, namespace: str, name: str, uid: str, *, clock: Callable[[], float] = time.time
+) -> None:
+    """Stamp `vgpu.io/requeue` on a pending pod: a pod update, so kube-scheduler retries it (scheduler_extender.requeue).
+    Raises ApiException 404 (gone) or 409 (recreated: the UID precondition failed) like any other error."""
+    patch_pod_annotations(api, namespace=namespace, name=name, uid=uid, annotations={ann.POD_REQUEUE: f"{clock():.3f}"})
+
+
 class KubeBinder:
     def __init__(self, api: client.CoreV1Api, *, clock: Callable[[], float] = time.time) -> None:
         self.api = api

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--relearn-interval-seconds", type=float, help="how often a learning policy takes in arriving pods (60)"
     )
+    p.add_argument(
+        "--requeue-max-pods",
+        type=int,
+        help="when capacity frees, nudge at most this many rejected pods so kube-scheduler retries them (50; 0 = off)",
+    )
     p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -84,9 +89,13 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
         service = ExtenderService(state, binder, options=options, lock=lock)
         service.ready.set()
         return service, None
+    import functools
+
     from kubernetes import client, config
 
-    from scheduler_extender.kube import KubeBinder
+    from scheduler_extender.kube import KubeBinder, nudge_pod
+    from scheduler_extender.metrics import ExtenderMetrics
+    from scheduler_extender.requeue import Requeuer
     from scheduler_extender.sources.kube import KubeSource
 
     if s.kubeconfig is not None:
@@ -94,7 +103,10 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
     else:
         config.load_incluster_config()
     api = client.CoreV1Api()
-    service = ExtenderService(state, KubeBinder(api), options=options, lock=lock)
+    metrics = ExtenderMetrics(state)
+    requeuer = Requeuer(functools.partial(nudge_pod, api), max_pods=s.requeue_max_pods, metrics=metrics)
+    service = ExtenderService(state, KubeBinder(api), options=options, lock=lock, metrics=metrics, requeuer=requeuer)
+    requeuer.start()
     source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)
     source.start()
     reaper = threading.Thread(target=_reap, args=(service, s.bind_grace_seconds / 4), name="reaper", daemon=True)

@@ -122,6 +122,13 @@ class ExtenderMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.requeue_nudges = Counter(
+            "vgpu_extender_requeue_nudges",
+            "Nudges (vgpu.io/requeue) of pending pods after capacity freed, by outcome: sent, gone (404/409),"
+            " error, coalesced (already queued), dropped (over --requeue-max-pods)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.bad_requests = Counter(
             "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry
         )

@@ -18,6 +18,7 @@ from typing import Any
 from scheduler_extender import schema
 from scheduler_extender.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.requeue import Requeuer
 from scheduler_extender.sync import TERMINAL_PHASES, StateSync, pod_key
 from vgpu import annotations as ann
 from vgpu.config import RequestDefaults, ResourceNames
@@ -59,6 +60,7 @@ class ExtenderService:
         options: ServiceOptions = ServiceOptions(),
         metrics: ExtenderMetrics | None = None,
         lock: threading.RLock | None = None,
+        requeuer: Requeuer | None = None,
     ) -> None:
         self.state = state
         self.planner = Planner(state)
@@ -76,7 +78,10 @@ class ExtenderService:
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._parsed: dict[str, tuple[dict[str, Any], PodInfo]] = {}  # UID -> the pod last parsed, its parse
         self.ready = threading.Event()
-        self.unschedulable: set[str] = set()  # pods whose last /filter found no node
+        # Pods whose last /filter found no node: key -> UID, oldest first. When capacity frees the requeuer nudges
+        # them so kube-scheduler retries them (scheduler_extender.requeue); no requeuer (the file source): no nudges.
+        self.unschedulable: dict[str, str] = {}
+        self.requeuer = requeuer
         self._to_learn: list[PodInfo] = []
         self._learned = 0
         self._seeded: set[str] = set()  # UIDs of running pods that seeded learning: never "first seen" again
@@ -191,9 +196,22 @@ class ExtenderService:
         )
         return seeded
 
+    def _pending_done(self, key: str) -> None:
+        """The pod was bound or deleted: no longer pending, never nudged. Callers hold the state lock."""
+        if self.unschedulable.pop(key, None) is not None:
+            self.metrics.pending.set(len(self.unschedulable))
+        if self.requeuer is not None:
+            self.requeuer.forget(key)
+
+    def _capacity_freed(self) -> None:
+        """Slices were released: ask kube-scheduler to retry the pods we rejected. Callers hold the state lock;
+        this only queues (no I/O), the requeuer's thread sends the patches."""
+        if self.requeuer is not None and self.unschedulable:
+            self.requeuer.request(list(self.unschedulable.items()))
+
     def _release_stale(self, info: PodInfo) -> None:
-        if self.sync.unbound:
-            self.sync.expire_unbound()
+        if self.sync.unbound and self.sync.expire_unbound():
+            self._capacity_freed()
         held = info.key in self.state.assignments or info.key in self.state.orphans
         if held and not info.node_name and info.key not in self.inflight:
             # Being scheduled again, so a previous bind of it failed: its reservation is stale.
@@ -230,6 +248,11 @@ class ExtenderService:
                 evaluation = self._evaluate(info, names)
                 if self.options.narrow_filter:
                     evaluation = self.planner.narrow(evaluation)
+                # Recorded under the same lock as the evaluation: a release right after it nudges this pod.
+                self.unschedulable.pop(info.key, None)  # (re-)insert: the oldest rejection first
+                if not evaluation.feasible:
+                    self.unschedulable[info.key] = str((args.Pod.get("metadata") or {}).get("uid") or "")
+                self.metrics.pending.set(len(self.unschedulable))
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
             return schema.filter_result(
@@ -241,10 +264,6 @@ class ExtenderService:
         feasible = evaluation.feasible
         if not feasible:
             self.metrics.filter_failure("no-fit")
-            self.unschedulable.add(info.key)
-        else:
-            self.unschedulable.discard(info.key)
-        self.metrics.pending.set(len(self.unschedulable))
         if items is None:
             return schema.filter_result(
                 node_names=[n for n in names if n in feasible],
@@ -321,6 +340,7 @@ class ExtenderService:
                 self.metrics.inflight.set(len(self.inflight))
                 if assignment is not None:
                     self.state.release(key)
+                    self._capacity_freed()  # others may have been rejected while this bind held the slices
             if assignment is not None:
                 try:
                     self.binder.mark_failed(
@@ -331,9 +351,8 @@ class ExtenderService:
             return self._bind_failed(key, args.Node, f"binding failed: {exc}")
         with self.lock:
             self.inflight.discard(key)
-            self.unschedulable.discard(key)
             self.metrics.inflight.set(len(self.inflight))
-            self.metrics.pending.set(len(self.unschedulable))
+            self._pending_done(key)
         self.metrics.bound(time.perf_counter() - started)
         slices = [f"{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in assignment.slices()] if assignment else []
         log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
@@ -354,7 +373,8 @@ class ExtenderService:
 
     def expire_unbound(self) -> None:
         with self.lock:
-            self.sync.expire_unbound()
+            if self.sync.expire_unbound():
+                self._capacity_freed()
 
     def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
         self.metrics.bind_failure()
@@ -368,15 +388,17 @@ class ExtenderService:
             self.sync.node_event(kind, node)
 
     def pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        key = pod_key(pod)
         with self.lock:
+            held = key in self.state.assignments
             self.sync.pod_event(kind, pod)
             if self._seeded and (kind == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES):
                 self._seeded.discard(str((pod.get("metadata") or {}).get("uid") or ""))
             if kind == "DELETED" or (pod.get("spec") or {}).get("nodeName"):
-                key = pod_key(pod)
-                if key in self.unschedulable:
-                    self.unschedulable.discard(key)
-                    self.metrics.pending.set(len(self.unschedulable))
+                self._pending_done(key)
+            # Only a release nudges: the nudge's own MODIFIED event changes no state, so it never nudges again.
+            if held and key not in self.state.assignments:
+                self._capacity_freed()
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         with self.lock:
@@ -388,7 +410,10 @@ class ExtenderService:
         workload, so a restarted extender does not start placement from a cold start."""
         seed = self._seed_candidates(pods) if seed_learning else None  # parsing needs no lock
         with self.lock:
+            held = set(self.state.assignments)
             self.sync.replace_pods(pods)
+            if not held <= self.state.assignments.keys():
+                self._capacity_freed()
             if seed is not None:
                 self._seed_learning(*seed)
             elif self._seeded:

@@ -58,6 +58,11 @@ class ExtenderSettings(BaseModel):
     relearn_interval_seconds: float = Field(
         default=60.0, gt=0, description="how often arriving pods are fed to a learning policy (fragaware)"
     )
+    requeue_max_pods: int = Field(
+        default=50,
+        ge=0,
+        description="when capacity frees, nudge at most this many pending pods so kube-scheduler retries them; 0 = off",
+    )
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"

@@ -25,6 +25,8 @@ POD_BIND_PHASE = PREFIX + "bind-phase"
 POD_BIND_TIME = PREFIX + "bind-time"
 POD_NODE_POLICY = PREFIX + "node-policy"
 POD_GPU_POLICY = PREFIX + "gpu-policy"
+# Written by the extender on a pending pod when capacity frees: a pod update, which makes kube-scheduler retry it.
+POD_REQUEUE = PREFIX + "requeue"
 VERSION = "v1"
 
 

@@ -243,3 +243,49 @@ def test_deleted_pod_frees_its_slice(vgpu: tuple[ControlPlane, Extender], namesp
     assert ann.decode_assignment(waiter.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid == uuid_
     held = [x for x in ext.get("/state")["allocations"] if x["pod"] == f"{namespace}/holder"]
     assert held == []
+    # The extender nudged the pod it had rejected once it freed the slice (docs/extender.md, "Requeue"), so the
+    # retry does not hinge on kube-scheduler seeing the deletion after the extender did.
+    cp.wait_for_pod(
+        "waiter", namespace, timeout=10, condition=lambda p: ann.POD_REQUEUE in (p.metadata.annotations or {})
+    )
+
+
+def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
+    vgpu: tuple[ControlPlane, Extender], namespace: str
+) -> None:
+    """The extender frees a slice that kube-scheduler saw no event for: the worst case of the race where the extender
+    applies a deletion after kube-scheduler already retried (and was rejected again). A reservation written by a
+    bind that never created its Binding (a pod of another scheduler, never bound) expires after the bind grace
+    inside the extender only; without the nudge the waiter would sit in kube-scheduler's unschedulable pool for
+    `podMaxInUnschedulablePodsDuration` (5 min)."""
+    cp, _ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = gpu_nodes(cp, f"rq-{uuid.uuid4().hex[:5]}", 1, 1)
+    node = f"{selector['kube-vgpu.e2e/group']}-00"
+    gpu = f"GPU-{node}-0"
+    ghost_slice = ann.DeviceSlice(gpu, 0, GPU_MEM, 100)
+    assignment = ann.Assignment(node, (ann.ContainerAssignment("vllm", (ghost_slice,)),))
+    expires_in = 12.0
+    grace = 30.0  # the extender's default --bind-grace-seconds
+    ghost = _pod("ghost", selector, _slice(100, 100))
+    ghost["spec"]["schedulerName"] = "nobody"  # kube-scheduler ignores it; it stays unbound
+    ghost["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
+        ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
+        ann.POD_BIND_TIME: f"{time.time() - grace + expires_in:.3f}",
+    }
+    started = time.monotonic()
+    core.create_namespaced_pod(namespace, ghost)
+    deadline = time.monotonic() + 10
+    while not any(x["pod"] == f"{namespace}/ghost" for x in _ext.get("/state")["allocations"]):
+        assert time.monotonic() < deadline, "the extender never reserved the ghost's slice"
+        time.sleep(0.1)
+    core.create_namespaced_pod(namespace, _pod("waiter", selector, _slice(60, 60)))
+    time.sleep(max(0.0, expires_in - 2 - (time.monotonic() - started)))
+    assert not core.read_namespaced_pod("waiter", namespace).spec.node_name  # rejected while the slice was held
+    # Expired by the extender's reaper (every grace/4) or at the next /filter: bound soon after, not in 5 minutes.
+    waiter = cp.wait_for_pod("waiter", namespace, timeout=grace / 4 + 10)
+    cp.wait_for_pod(
+        "waiter", namespace, timeout=5, condition=lambda p: ann.POD_REQUEUE in (p.metadata.annotations or {})
+    )
+    assert ann.decode_assignment(waiter.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid == gpu

@@ -1,0 +1,157 @@
+"""Nudge kube-scheduler to retry the pods the extender rejected, once capacity frees.
+
+kube-scheduler and the extender see a pod deletion through separate watches. When kube-scheduler retries a
+rejected pod before the extender has applied the deletion, /filter rejects it again and the pod sits in
+kube-scheduler's unschedulable pool until the next cluster event or `podMaxInUnschedulablePodsDuration` (5 min).
+So when the extender itself frees capacity it patches one annotation (`vgpu.io/requeue`) on each pending pod: an
+update of the pod, which moves it out of that pool, and this time /filter sees the freed slices.
+
+The patches run on a worker thread, outside the state lock and off the watch thread. Requests coalesce: a pod is
+nudged at most once per `interval_s` (a later request is deferred to the end of the interval, never dropped), and
+one release queues at most `max_pods` pods (0 disables the feature).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from scheduler_extender.metrics import ExtenderMetrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_PODS = 50
+DEFAULT_INTERVAL_S = 2.0
+
+# (namespace, name, uid) -> None; raises on failure. An exception with `status` 404 or 409 means the pod is gone
+# or was recreated (the UID precondition failed): normal, silent.
+Nudge = Callable[[str, str, str], None]
+
+
+class Requeuer:
+    def __init__(
+        self,
+        nudge: Nudge,
+        *,
+        max_pods: int = DEFAULT_MAX_PODS,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        metrics: ExtenderMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nudge = nudge
+        self.max_pods = max_pods
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._due: dict[str, tuple[str, float]] = {}  # pod key -> (UID, when to nudge it)
+        self._last: dict[str, float] = {}  # pod key -> when it was last nudged
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_pods > 0
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        if self.metrics is not None and n:
+            self.metrics.requeue_nudges.labels(outcome).inc(n)
+
+    # -- called by the service (under its lock): cheap, no I/O --------------------------------------------------
+
+    def request(self, pods: Iterable[tuple[str, str]]) -> int:
+        """Queue a nudge for these pending pods (key, UID), oldest first; returns how many were queued."""
+        if not self.enabled:
+            return 0
+        now = self.clock()
+        queued = dropped = 0
+        with self._cond:
+            for key, uid in pods:
+                if queued >= self.max_pods:
+                    dropped += 1
+                    continue
+                queued += 1
+                if key in self._due:
+                    self._due[key] = (uid, self._due[key][1])  # already queued: coalesced
+                    self._count("coalesced")
+                    continue
+                self._due[key] = (uid, max(now, self._last.get(key, float("-inf")) + self.interval_s))
+            self._cond.notify()
+        self._count("dropped", dropped)
+        return queued
+
+    def forget(self, key: str) -> None:
+        """The pod was bound or deleted: it needs no nudge."""
+        with self._cond:
+            self._due.pop(key, None)
+
+    def pending(self) -> dict[str, tuple[str, float]]:
+        with self._cond:
+            return dict(self._due)
+
+    # -- the worker ----------------------------------------------------------------------------------------------
+
+    def take_due(self, now: float | None = None) -> list[tuple[str, str]]:
+        now = self.clock() if now is None else now
+        with self._cond:
+            out = [(key, uid) for key, (uid, due) in self._due.items() if due <= now]
+            for key, _ in out:
+                del self._due[key]
+                self._last[key] = now
+            if len(self._last) > 4 * max(self.max_pods, 1):
+                self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
+        return out
+
+    def run_once(self, now: float | None = None) -> int:
+        """Send every nudge that is due; returns how many were attempted."""
+        batch = self.take_due(now)
+        for key, uid in batch:
+            namespace, _, name = key.partition("/")
+            try:
+                self.nudge(namespace, name, uid)
+            except Exception as exc:
+                if getattr(exc, "status", None) in (404, 409):
+                    self._count("gone")
+                    continue
+                self._count("error")
+                log.warning("could not nudge a pending pod", extra={"pod": key, "error": str(exc)})
+                continue
+            self._count("sent")
+            log.debug("nudged a pending pod", extra={"pod": key})
+        return len(batch)
+
+    def _wait(self) -> None:
+        with self._cond:
+            if self._stopped:
+                return
+            if not self._due:
+                self._cond.wait()
+                return
+            delay = min(due for _, due in self._due.values()) - self.clock()
+            if delay > 0:
+                self._cond.wait(delay)
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._wait()
+            if self._stopped:
+                return
+            try:
+                self.run_once()
+            except Exception:  # never let the worker die
+                log.exception("requeue worker failed")
+
+    def start(self) -> None:
+        if not self.enabled or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="requeue", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,258 @@
+"""Nudging rejected pods when capacity frees (scheduler_extender.requeue): what is queued, coalescing, the bound,
+errors, and the service's hooks (release by delete/terminal/expiry, bound or deleted pods are not nudged)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from scheduler_extender import schema
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.requeue import Requeuer
+from scheduler_extender.service import ExtenderService
+from scheduler_extender.settings import load
+from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
+from vgpu import annotations as ann
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, str]] = []
+        self.fail: dict[str, int] = {}
+
+    def __call__(self, namespace: str, name: str, uid: str) -> None:
+        if name in self.fail:
+            raise ApiError(self.fail[name])
+        self.sent.append((namespace, name, uid))
+
+
+def _requeuer(max_pods: int = 50) -> tuple[Requeuer, Recorder, Clock, ExtenderMetrics]:
+    rec, clock = Recorder(), Clock()
+    metrics = ExtenderMetrics(_state())
+    return Requeuer(rec, max_pods=max_pods, interval_s=2.0, metrics=metrics, clock=clock), rec, clock, metrics
+
+
+def _nudges(metrics: ExtenderMetrics, outcome: str) -> float:
+    return metrics.registry.get_sample_value("vgpu_extender_requeue_nudges_total", {"outcome": outcome}) or 0.0
+
+
+def _service(max_pods: int = 50) -> tuple[ExtenderService, FakeBinder, Requeuer, Recorder, Clock]:
+    req, rec, clock, _metrics = _requeuer(max_pods)
+    binder = FakeBinder()
+    svc = ExtenderService(_state(), binder, requeuer=req)
+    req.metrics = svc.metrics
+    return svc, binder, req, rec, clock
+
+
+def _filter(svc: ExtenderService, pod: dict[str, Any], nodes: list[str] | None = None) -> list[str]:
+    return list(svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=nodes or ["a", "b"]))["NodeNames"])
+
+
+def _fill(svc: ExtenderService, binder: FakeBinder) -> list[dict[str, Any]]:
+    """Every GPU of both nodes taken by one 100 % pod each."""
+    holders = []
+    for i, node in enumerate(["a", "a", "b", "b"]):
+        pod = _pod(f"h{i}", 100)
+        binder.pods[f"ns/h{i}"] = pod
+        assert _bind(svc, pod, node) == ""
+        holders.append(pod)
+    return holders
+
+
+# -- the requeuer alone --------------------------------------------------------------------------------------------
+
+
+def test_a_request_queues_exactly_the_given_pods_and_sends_them_with_their_uid() -> None:
+    req, rec, _clock, metrics = _requeuer()
+    assert req.request([("ns/w1", "u1"), ("ns/w2", "u2")]) == 2
+    assert req.run_once() == 2
+    assert rec.sent == [("ns", "w1", "u1"), ("ns", "w2", "u2")]
+    assert _nudges(metrics, "sent") == 2
+    assert req.run_once() == 0  # nothing left
+
+
+def test_a_burst_of_releases_nudges_each_pod_once_per_interval() -> None:
+    req, rec, clock, metrics = _requeuer()
+    for _ in range(5):
+        req.request([("ns/w", "u")])
+    assert _nudges(metrics, "coalesced") == 4
+    req.run_once()
+    assert rec.sent == [("ns", "w", "u")]
+    clock.now += 0.5
+    req.request([("ns/w", "u")])  # within the interval: deferred, not dropped
+    for _ in range(3):
+        req.request([("ns/w", "u")])
+    assert req.run_once() == 0
+    clock.now += 1.5
+    assert req.run_once() == 1
+    assert len(rec.sent) == 2
+
+
+def test_one_release_queues_at_most_max_pods() -> None:
+    req, rec, _clock, metrics = _requeuer(max_pods=3)
+    assert req.request([(f"ns/w{i}", f"u{i}") for i in range(10)]) == 3
+    req.run_once()
+    assert [name for _, name, _ in rec.sent] == ["w0", "w1", "w2"]  # the oldest rejections first
+    assert _nudges(metrics, "dropped") == 7
+
+
+def test_zero_disables() -> None:
+    req, rec, _clock, _metrics = _requeuer(max_pods=0)
+    assert not req.enabled
+    assert req.request([("ns/w", "u")]) == 0
+    req.start()  # no thread
+    assert req.run_once() == 0 and rec.sent == []
+
+
+def test_gone_pods_are_silent_and_other_errors_counted(caplog: pytest.LogCaptureFixture) -> None:
+    req, rec, _clock, metrics = _requeuer()
+    rec.fail = {"gone": 404, "recreated": 409, "broken": 500}
+    req.request([("ns/gone", "u1"), ("ns/recreated", "u2"), ("ns/broken", "u3"), ("ns/ok", "u4")])
+    req.run_once()
+    assert rec.sent == [("ns", "ok", "u4")]
+    assert (_nudges(metrics, "gone"), _nudges(metrics, "error"), _nudges(metrics, "sent")) == (2, 1, 1)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and getattr(warnings[0], "pod", None) == "ns/broken"
+
+
+def test_the_worker_thread_sends_queued_nudges() -> None:
+    done = threading.Event()
+    sent: list[str] = []
+
+    def nudge(namespace: str, name: str, uid: str) -> None:
+        sent.append(name)
+        done.set()
+
+    req = Requeuer(nudge, max_pods=5, interval_s=0.05)
+    req.start()
+    try:
+        req.request([("ns/w", "u")])
+        assert done.wait(5)
+        time.sleep(0.1)
+        req.request([("ns/w", "u")])
+        deadline = time.monotonic() + 5
+        while len(sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sent == ["w", "w"]
+    finally:
+        req.stop()
+
+
+def test_the_setting_defaults_to_50_and_accepts_0() -> None:
+    assert load(flags={}, env={}, config_file=None).requeue_max_pods == 50
+    assert load(flags={}, env={"VGPU_EXTENDER_REQUEUE_MAX_PODS": "0"}, config_file=None).requeue_max_pods == 0
+    assert load(flags={"requeue_max_pods": 7}, env={}, config_file=None).requeue_max_pods == 7
+
+
+# -- the service's hooks -------------------------------------------------------------------------------------------
+
+
+def test_a_deleted_holder_nudges_exactly_the_rejected_pods() -> None:
+    svc, binder, req, rec, _clock = _service()
+    holders = _fill(svc, binder)
+    waiters = [_pod(f"w{i}", 60) for i in range(2)]
+    for w in waiters:
+        assert _filter(svc, w) == []
+    assert list(svc.unschedulable) == ["ns/w0", "ns/w1"]
+    svc.pod_event("DELETED", holders[0])
+    assert set(req.pending()) == {"ns/w0", "ns/w1"}
+    req.run_once()
+    assert rec.sent == [("ns", w["metadata"]["name"], w["metadata"]["uid"]) for w in waiters]
+
+
+def test_a_finished_holder_nudges_too() -> None:
+    svc, binder, req, _rec, _clock = _service()
+    holders = _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    done = {**holders[1], "status": {"phase": "Succeeded"}}
+    svc.pod_event("MODIFIED", done)
+    assert set(req.pending()) == {"ns/w"}
+
+
+def test_an_expired_reservation_nudges() -> None:
+    svc, binder, req, _rec, _clock = _service()
+    svc.sync.clock = lambda: 1000.0
+    _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    svc.sync.unbound["ns/h0"] = 999.0  # written, never bound, grace over
+    svc.expire_unbound()
+    assert "ns/h0" not in svc.state.assignments
+    assert set(req.pending()) == {"ns/w"}
+
+
+def test_no_release_no_nudge_and_the_nudge_itself_changes_nothing() -> None:
+    svc, binder, req, rec, _clock = _service()
+    holders = _fill(svc, binder)
+    waiter = _pod("w", 60)
+    assert _filter(svc, waiter) == []
+    svc.pod_event("MODIFIED", holders[0])  # an unrelated update of a running holder
+    assert req.pending() == {}
+    before = dict(svc.state.assignments)
+    nudged = {**waiter, "metadata": {**waiter["metadata"], "annotations": {ann.POD_REQUEUE: "1.000"}}}
+    svc.pod_event("MODIFIED", nudged)  # the watch shows our own patch: no state change, no new nudge
+    assert svc.state.assignments == before and req.pending() == {} and rec.sent == []
+    assert "ns/w" in svc.unschedulable
+
+
+def test_a_bound_or_deleted_pending_pod_is_not_nudged() -> None:
+    svc, binder, req, rec, _clock = _service()
+    holders = _fill(svc, binder)
+    bound, deleted, kept = _pod("bound", 60), _pod("deleted", 60), _pod("kept", 60)
+    for w in (bound, deleted, kept):
+        assert _filter(svc, w) == []
+    svc.pod_event("DELETED", holders[0])
+    assert set(req.pending()) == {"ns/bound", "ns/deleted", "ns/kept"}
+    binder.pods["ns/bound"] = bound
+    assert _bind(svc, bound, "a") == ""
+    svc.pod_event("DELETED", deleted)
+    assert set(req.pending()) == {"ns/kept"}
+    svc.pod_event("DELETED", holders[2])
+    assert set(req.pending()) == {"ns/kept"}  # bound and deleted pods are no longer pending
+    req.run_once()
+    assert [name for _, name, _ in rec.sent] == ["kept"]
+
+
+def test_a_pod_that_fits_again_is_no_longer_pending() -> None:
+    svc, binder, req, _rec, _clock = _service()
+    holders = _fill(svc, binder)
+    w = _pod("w", 60)
+    assert _filter(svc, w) == []
+    svc.pod_event("DELETED", holders[0])
+    req.run_once()
+    assert _filter(svc, w) == ["a"]
+    svc.pod_event("DELETED", holders[1])
+    assert req.pending() == {}
+
+
+def test_disabled_service_queues_nothing() -> None:
+    svc, binder, req, rec, _clock = _service(max_pods=0)
+    holders = _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    svc.pod_event("DELETED", holders[0])
+    assert req.pending() == {} and req.run_once() == 0 and rec.sent == []
+
+
+def test_without_a_requeuer_the_release_is_unchanged() -> None:
+    binder = FakeBinder()
+    svc = ExtenderService(_state(), binder)  # the file source: nothing to nudge
+    holders = _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    svc.pod_event("DELETED", holders[0])
+    assert "ns/h0" not in svc.state.assignments and "ns/w" in svc.unschedulable
