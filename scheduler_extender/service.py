@@ -384,8 +384,15 @@ class ExtenderService:
     # -- watch feed -----------------------------------------------------------------------------
 
     def node_event(self, kind: str, node: dict[str, Any]) -> None:
+        name = str((node.get("metadata") or {}).get("name") or "")
         with self.lock:
+            before = self.state.nodes.get(name)
             self.sync.node_event(kind, node)
+            after = self.state.nodes.get(name)
+            # A node joined or its GPUs or labels changed: the same race as a release (kube-scheduler may retry
+            # a rejected pod on this Node event before we have read the new inventory), so nudge as for a release.
+            if after is not None and after is not before:
+                self._capacity_freed()
 
     def pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         key = pod_key(pod)
@@ -402,7 +409,10 @@ class ExtenderService:
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         with self.lock:
+            before = dict(self.state.nodes)
             self.sync.replace_nodes(nodes)
+            if any(before.get(name) is not node for name, node in self.state.nodes.items()):
+                self._capacity_freed()  # new or changed nodes, as in node_event
 
     def replace_pods(self, pods: list[dict[str, Any]], *, seed_learning: bool = False) -> None:
         """Apply a pod list. `seed_learning` (the source's first list only, never a relist, which would count

@@ -16,6 +16,7 @@ from scheduler_extender.service import ExtenderService
 from scheduler_extender.settings import load
 from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
 from vgpu import annotations as ann
+from vgpu.devices import GpuDevice
 
 
 class Clock:
@@ -256,3 +257,29 @@ def test_without_a_requeuer_the_release_is_unchanged() -> None:
     assert _filter(svc, _pod("w", 60)) == []
     svc.pod_event("DELETED", holders[0])
     assert "ns/h0" not in svc.state.assignments and "ns/w" in svc.unschedulable
+
+
+def _node(name: str, gpus: int, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    inventory = tuple(GpuDevice(f"GPU-{name}-{i}", i, "H100", 81920) for i in range(gpus))
+    meta = {"name": name, "labels": labels or {}, "annotations": {ann.NODE_INVENTORY: ann.encode_inventory(inventory)}}
+    return {"metadata": meta}
+
+
+def test_a_node_that_joins_or_grows_nudges_and_an_unchanged_one_does_not() -> None:
+    svc, binder, req, _rec, _clock = _service()
+    _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    svc.node_event("MODIFIED", _node("a", 2))  # the same inventory again: nothing changed
+    assert not req.pending()
+    svc.node_event("ADDED", _node("c", 1))  # a new node with a free GPU
+    assert set(req.pending()) == {"ns/w"}
+
+
+def test_a_relist_with_a_new_node_nudges() -> None:
+    svc, binder, req, _rec, _clock = _service()
+    _fill(svc, binder)
+    assert _filter(svc, _pod("w", 60)) == []
+    svc.replace_nodes([_node("a", 2), _node("b", 2)])
+    assert not req.pending()
+    svc.replace_nodes([_node("a", 2), _node("b", 3)])
+    assert set(req.pending()) == {"ns/w"}
