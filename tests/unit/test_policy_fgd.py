@@ -4,14 +4,22 @@ import pytest
 
 from tests.unit.policy_helpers import choice, cluster, node, place, pod
 from vgpu.placement import fgd
+from vgpu.planner import Planner
 from vgpu.replay.trace import to_pod_info
 
 
-def test_avoids_leaving_a_gap_the_workload_cannot_use() -> None:
-    planner = cluster("fgd", node("a", gpus=1), node("b", gpus=1))
+def _fgd_knowing_600s(*gpus: int, pods: int = 50) -> tuple[Planner, fgd.Fgd]:
+    """An `fgd` planner over nodes a, b, ... with these GPU counts, whose workload is `pods` 600-milli pods."""
+    planner = cluster("fgd", *(node(chr(ord("a") + i), gpus=g) for i, g in enumerate(gpus)))
     pol = planner.policy("fgd")
-    for _ in range(50):
+    assert isinstance(pol, fgd.Fgd)
+    for _ in range(pods):
         pol.observe(to_pod_info(pod(600), "w"))
+    return planner, pol
+
+
+def test_avoids_leaving_a_gap_the_workload_cannot_use() -> None:
+    planner, _pol = _fgd_knowing_600s(1, 1)
     place(planner, "a", pod(300))  # a has 700 free
     # bestfit would squeeze the 200 onto a (500 left: useless to 600-milli pods); fgd keeps a usable.
     name, _ = choice(planner, pod(200))
@@ -22,10 +30,7 @@ def test_avoids_leaving_a_gap_the_workload_cannot_use() -> None:
 
 
 def test_gpu_choice_inside_the_node_minimises_fragmentation() -> None:
-    planner = cluster("fgd", node("a", gpus=2))
-    pol = planner.policy("fgd")
-    for _ in range(50):
-        pol.observe(to_pod_info(pod(600), "w"))
+    planner, _pol = _fgd_knowing_600s(2)
     place(planner, "a", pod(300), gpu=0)
     assert choice(planner, pod(200)) == ("a", [1])  # GPU 1 keeps 800 free, GPU 0 would keep only 500
 
@@ -57,10 +62,7 @@ def test_cached_free_shares_follow_every_change_of_the_node() -> None:
 
 
 def test_gpu_rank_is_the_same_for_gpus_with_the_same_free_share() -> None:
-    planner = cluster("fgd", node("a", gpus=4))
-    pol = planner.policy("fgd")
-    for _ in range(20):
-        pol.observe(to_pod_info(pod(600), "w"))
+    planner, pol = _fgd_knowing_600s(4, pods=20)
     place(planner, "a", pod(300), gpu=2)
     st = planner.state.nodes["a"]
     info = to_pod_info(pod(200), "q")
