@@ -119,3 +119,27 @@ def test_previous_defaults_keep_fixed_steps() -> None:
     for p in (fragaware.FragAwareWholeFull(), fragaware.FragAwareFixedSteps()):
         _feed(p, 400, 32)
         assert p.scale == 2000
+
+
+def test_slice_goes_to_the_gpu_adding_least_fragmentation_even_inside_one_step() -> None:
+    """GPU 1 has a 350 hole that a 600 can never use; a 150 there shrinks it, on GPU 0 (900 free) it
+    changes nothing. The difference is under one integer step, so only the exact growth sees it."""
+    rows = {}
+    for name in ("default", "fragaware-gpusteps"):
+        planner = cluster(name, node("a", gpus=2))
+        policy = planner.policy(name)
+        assert isinstance(policy, fragaware.FragAware)
+        for i in range(60):
+            policy.observe(to_pod_info(pod(600 if i % 3 else 300, cpu=1000), f"x{i}"))
+        place(planner, "a", pod(100), gpu=0)
+        place(planner, "a", pod(650), gpu=1)
+        rows[name] = choice(planner, pod(150))
+        info = to_pod_info(pod(150), "probe")
+        rank = policy.node_gpu_rank(planner.state.nodes["a"], info)
+        gpus = planner.state.nodes["a"].gpus
+        ranks = [rank(u, u.device.memory_mib * 15 // 100, 15, info) for u in gpus]
+        if name == "fragaware-gpusteps":
+            assert ranks[0] == ranks[1]  # the steps tie: the lowest index wins
+        else:
+            assert ranks[1] < ranks[0] <= 0
+    assert rows == {"default": ("a", [1]), "fragaware-gpusteps": ("a", [0])}

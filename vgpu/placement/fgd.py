@@ -36,6 +36,9 @@ class Fgd:
     trace_prior = True
     with_memory = False  # the paper's task shape is (cpu, gpu_milli, num_gpu, gpu_spec)
     scale: float = MILLI  # width of the node score's steps (see `quantized`)
+    # GPU choice inside a node on the same integer steps as the node score (the simulator's), ties to the
+    # lowest index; False: the exact least fragmentation growth.
+    gpu_steps = True
 
     def __init__(self, coverage: float = COVERAGE) -> None:
         if not 0 < coverage <= 1:
@@ -85,6 +88,7 @@ class Fgd:
         mem -= pod.memory_mib
 
         seen: dict[tuple[int, int], float] = {}  # GPUs with the same free share rank the same
+        steps = self.gpu_steps
 
         def rank(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
             i = pos[u.device.uuid]
@@ -94,7 +98,8 @@ class Fgd:
                 return hit
             after = list(frees)
             after[i] = max(0, after[i] - take)
-            out = seen[(frees[i], take)] = -quantized(model.frag(node, after, cpu, mem) - before)
+            grown = model.frag(node, after, cpu, mem) - before
+            out = seen[(frees[i], take)] = -quantized(grown) if steps else grown
             return out
 
         return rank

@@ -21,6 +21,7 @@ _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "fragaware": fragaware.create,
     "fragaware-wg100": fragaware.create_wg100,  # the default before the whole-GPU weight
     "fragaware-s2000": fragaware.create_s2000,  # the default before the workload-dependent step width
+    "fragaware-gpusteps": fragaware.create_gpusteps,  # the default before the exact GPU choice in the node
     # The extender's default: FGD against the online-learned workload (issue 6, docs/packing.md).
     "default": fragaware.create,
 }
