@@ -2,6 +2,7 @@
 
     python benchmarks/openb_runs.py run --trace default --policy fgd --policy bestfit --seeds 42-51
     python benchmarks/openb_runs.py table --x 95,100,130
+    python benchmarks/openb_runs.py compare --policy default --base fgd --seeds 42-51  # paired, per trace
     python benchmarks/openb_runs.py plot --trace default --out docs/img/openb_default.png [--json FILE]
     python benchmarks/openb_runs.py export --out docs/img/openb_runs.json   # every run, one list
     python benchmarks/openb_runs.py import --json docs/img/openb_runs.json  # seed the dir with those runs
@@ -101,6 +102,69 @@ def table(args: argparse.Namespace) -> None:
         print(f"| {t} | {p} | {m} | {len(docs)} ({seeds}) | " + " | ".join(cells) + f" | {secs:.0f} |")
 
 
+def paired(
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]],
+    policy: str,
+    base: str,
+    *,
+    mode: str = "best",
+    x: str = "100",
+    seeds: set[int] | None = None,
+) -> list[dict[str, Any]]:
+    """`policy` minus `base` at x, seed by seed, per trace that has both: single runs move by 0.1-0.3 point
+    under any policy change, so only differences on the same seeds say which policy is better."""
+    rows = []
+    for trace_name in sorted({t for (t, _p, _m) in groups}):
+        a = {d["seed"]: d for d in groups.get((trace_name, policy, mode), [])}
+        b = {d["seed"]: d for d in groups.get((trace_name, base, mode), [])}
+        common = sorted(
+            s
+            for s in a.keys() & b.keys()
+            if (seeds is None or s in seeds) and x in a[s]["unallocated_pct"] and x in b[s]["unallocated_pct"]
+        )
+        if not common:
+            continue
+        diffs = [a[s]["unallocated_pct"][x] - b[s]["unallocated_pct"][x] for s in common]
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        rows.append(
+            {
+                "trace": trace_name,
+                "seeds": common,
+                "diffs": diffs,
+                "mean": statistics.fmean(diffs),
+                "se": se,
+                "lower": sum(d < -5e-4 for d in diffs),
+                "higher": sum(d > 5e-4 for d in diffs),
+            }
+        )
+    return rows
+
+
+def compare(args: argparse.Namespace) -> None:
+    groups = load(Path(args.dir))
+    seeds = set(parse_seeds(args.seeds)) if args.seeds else None
+    rows = paired(groups, args.policy, args.base, mode=args.mode, x=args.x, seeds=seeds)
+    if not rows:
+        have = sorted({p for (_t, p, m) in groups if m == args.mode})
+        raise SystemExit(
+            f"no seed has runs of both {args.policy!r} and {args.base!r} in mode {args.mode!r} at x = {args.x}"
+            f" under {args.dir}; policies with runs in that mode: {', '.join(have) or 'none'}"
+        )
+    print(
+        f"{args.policy} minus {args.base}, unallocated % at x = {args.x}, mode {args.mode} (negative: {args.policy} better)"
+    )
+    print("| trace | pairs | mean diff ± SE | lower / equal / higher | per seed |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        n = len(r["diffs"])
+        per = " ".join(f"{d:+.2f}" for d in r["diffs"])
+        span = f"{n} ({r['seeds'][0]}-{r['seeds'][-1]})"
+        print(
+            f"| {r['trace']} | {span} | {r['mean']:+.3f} ± {r['se']:.3f} | "
+            f"{r['lower']} / {n - r['lower'] - r['higher']} / {r['higher']} | {per} |"
+        )
+
+
 def plot(args: argparse.Namespace) -> None:
     """The `vgpu replay` summary (and plot) of every (policy, mode) run on one trace, best mode first."""
     results: list[dict[str, Any]] = []
@@ -170,6 +234,14 @@ def main() -> None:
     t.add_argument("--x", default="100")
     t.add_argument("--dir", default=str(RUNS))
     t.set_defaults(func=table)
+    c = sub.add_parser("compare", help="paired differences of two policies on the same seeds, per trace")
+    c.add_argument("--policy", required=True, help="the policy under test")
+    c.add_argument("--base", required=True, help="what it is compared against")
+    c.add_argument("--mode", default="best", choices=engine.MODES)
+    c.add_argument("--x", default="100", help="arrived workload %% to compare at (default 100)")
+    c.add_argument("--seeds", help="only these seeds, e.g. 42-51 (default: every seed both have)")
+    c.add_argument("--dir", default=str(RUNS))
+    c.set_defaults(func=compare)
     g = sub.add_parser("plot")
     g.add_argument("--trace", default="default")
     g.add_argument("--policy", action="append")
