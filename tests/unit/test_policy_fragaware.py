@@ -82,6 +82,18 @@ def test_a_shared_slice_is_not_a_whole_gpu_shape() -> None:
     assert not shape_of(to_pod_info(pod(0, num_gpu=0), "c"), with_memory=True).whole_gpus
 
 
+def test_a_slice_in_mib_with_all_sms_is_a_whole_gpu_shape() -> None:
+    from vgpu.placement.frag import TaskShape
+
+    def shape(mem: int, cores: int | None) -> TaskShape:
+        return TaskShape(8000, 0, 1, (mem, None, cores), None)
+
+    assert shape(143_771, 100).whole_gpus  # pd-bench's 70B prefill: a full H200 and all its SMs
+    assert not shape(81_920, 50).whole_gpus
+    # Memory alone in MiB stays a shared slice: whether it fills the card depends on the card.
+    assert not shape(81_920, None).whole_gpus
+
+
 def test_step_width_follows_the_share_of_whole_gpu_pods() -> None:
     def learned_scale(whole: int, shared: int) -> float:
         p = fragaware.FragAware()

@@ -32,8 +32,10 @@ class TaskShape:
 
     @property
     def whole_gpus(self) -> bool:
-        """Asks for whole cards (all of each GPU's memory), not a shared slice."""
-        return self.count > 0 and self.slice_request[1] is not None and self.slice_request[1] >= 100
+        """Asks for whole cards, not a shared slice: all of each GPU's memory, or all of its SMs (a slice
+        asked in MiB with `gpucores` 100 leaves nothing for a neighbour to run on)."""
+        _mem, pct, cores = self.slice_request
+        return self.count > 0 and ((pct is not None and pct >= 100) or (cores is not None and cores >= 100))
 
     def milli_on(self, u: GpuUsage) -> int:
         mem, pct, cores = self.slice_request
