@@ -17,40 +17,11 @@ set -euo pipefail
 main() {
 
 VERSION="${KUBE_VGPU_HELM_VERSION:-v3.22.0}"
-CACHE_ROOT="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
-WORK="$CACHE_ROOT/helm-$VERSION"
-BIN="$WORK/bin/helm"
+# shellcheck source=hack/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
+go_tool_begin helm helm.sh/helm/v3 14 "$@"
 
-print_only=0
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --print-bin) print_only=1 ;;
-    --force) force=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) echo "unknown argument: $arg" >&2; exit 2 ;;
-  esac
-done
-
-log() { echo "[build-helm] $*" >&2; }
-
-if (( print_only )); then echo "$BIN"; exit 0; fi
-if (( ! force )) && [[ -x "$BIN" ]]; then
-  log "cached: $BIN (helm.sh/helm/v3 $VERSION)"
-  echo "$BIN"
-  exit 0
-fi
-
-command -v go >/dev/null || { log "go is not installed (need Go >= the 'go' line of helm's go.mod)"; exit 1; }
-mkdir -p "$WORK/bin"
-exec 9>"$WORK/.lock"
-flock 9
-if (( ! force )) && [[ -x "$BIN" ]]; then echo "$BIN"; exit 0; fi
-
-tmp="$(mktemp -d "$WORK/build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
 export GOFLAGS="-mod=mod ${GOFLAGS:--buildvcs=false}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}" CGO_ENABLED=0
-start=$(date +%s)
 # helm's own Makefile stamps its version and the Kubernetes version it assumes when no cluster is asked
 # (`helm template`, `helm lint`: .Capabilities.KubeVersion) from the k8s.io/client-go it builds against;
 # without these, helm assumes v1.20 and a chart's kubeVersion ">=1.30" fails to render. Same flags here.

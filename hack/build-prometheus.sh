@@ -19,40 +19,11 @@
 set -euo pipefail
 
 VERSION="${KUBE_VGPU_PROMETHEUS_VERSION:-v0.316.0}"
-CACHE_ROOT="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
-WORK="$CACHE_ROOT/prometheus-$VERSION"
-BIN="$WORK/bin/prometheus"
+# shellcheck source=hack/lib/go-tool.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
+go_tool_begin prometheus github.com/prometheus/prometheus 18 "$@"
 
-print_only=0
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --print-bin) print_only=1 ;;
-    --force) force=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-    *) echo "unknown argument: $arg" >&2; exit 2 ;;
-  esac
-done
-
-log() { echo "[build-prometheus] $*" >&2; }
-
-if (( print_only )); then echo "$BIN"; exit 0; fi
-if (( ! force )) && [[ -x "$BIN" ]]; then
-  log "cached: $BIN (github.com/prometheus/prometheus $VERSION)"
-  echo "$BIN"
-  exit 0
-fi
-
-command -v go >/dev/null || { log "go is not installed (need Go >= the 'go' line of prometheus' go.mod)"; exit 1; }
-mkdir -p "$WORK/bin"
-exec 9>"$WORK/.lock"
-flock 9
-if (( ! force )) && [[ -x "$BIN" ]]; then echo "$BIN"; exit 0; fi
-
-tmp="$(mktemp -d "$WORK/build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
 log "building github.com/prometheus/prometheus/cmd/prometheus@$VERSION (tags remove_all_sd) ..."
-start=$(date +%s)
 GOBIN="$tmp" GOFLAGS="${GOFLAGS:--buildvcs=false}" nice -n 10 \
   go install -tags remove_all_sd -trimpath -ldflags "-s -w" \
   "github.com/prometheus/prometheus/cmd/prometheus@$VERSION"
