@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="when capacity frees, nudge at most this many rejected pods so kube-scheduler retries them (50; 0 = off)",
     )
+    p.add_argument(
+        "--requeue-interval-seconds",
+        type=float,
+        help="nudge one pending pod at most once per this many seconds; releases in between coalesce (2)",
+    )
     p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -104,7 +109,12 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
         config.load_incluster_config()
     api = client.CoreV1Api()
     metrics = ExtenderMetrics(state)
-    requeuer = Requeuer(functools.partial(nudge_pod, api), max_pods=s.requeue_max_pods, metrics=metrics)
+    requeuer = Requeuer(
+        functools.partial(nudge_pod, api),
+        max_pods=s.requeue_max_pods,
+        interval_s=s.requeue_interval_seconds,
+        metrics=metrics,
+    )
     service = ExtenderService(state, KubeBinder(api), options=options, lock=lock, metrics=metrics, requeuer=requeuer)
     requeuer.start()
     source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)

@@ -63,6 +63,12 @@ class ExtenderSettings(BaseModel):
         ge=0,
         description="when capacity frees, nudge at most this many pending pods so kube-scheduler retries them; 0 = off",
     )
+    requeue_interval_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="a pending pod is nudged at most once per this many seconds (later releases coalesce into one)",
+    )
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"

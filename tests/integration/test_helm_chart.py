@@ -286,6 +286,7 @@ def test_extender_values_become_its_settings(helm: str) -> None:
         "extender.bindGraceSeconds": 45,
         "extender.relearnIntervalSeconds": 120,
         "extender.requeueMaxPods": 7,
+        "extender.requeueIntervalSeconds": 0.5,
         "extender.logLevel": "debug",
         "extender.logFormat": "text",
         "extender.port": 9443,
@@ -297,6 +298,7 @@ def test_extender_values_become_its_settings(helm: str) -> None:
     assert (s.node_policy, s.gpu_policy, s.narrow_filter, s.priority_mapping) == ("spread", "binpack", True, "minmax")
     assert (s.bind_grace_seconds, s.relearn_interval_seconds, s.log_level, s.log_format) == (45, 120, "debug", "text")
     assert s.port == 9443 and s.source == "kube" and s.requeue_max_pods == 7
+    assert s.requeue_interval_seconds == 0.5
     assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == "my-extender-tls"
     assert chart[("Service", "vgpu-extender")]["spec"]["ports"][0]["port"] == 9443
     cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
@@ -407,6 +409,7 @@ def test_config_changes_roll_the_pods(helm: str) -> None:
         ({"extender.gpuPolicy": "random"}, "at '/extender/gpuPolicy': value must be one of '', 'binpack', 'spread'"),
         ({"extender.bindGraceSeconds": 0}, "at '/extender/bindGraceSeconds': exclusiveMinimum"),
         ({"extender.requeueMaxPods": -1}, "at '/extender/requeueMaxPods': minimum"),
+        ({"extender.requeueIntervalSeconds": 0}, "at '/extender/requeueIntervalSeconds': exclusiveMinimum"),
         ({"extender.typo": 1}, "at '/extender': additional properties 'typo' not allowed"),
         ({"scheduler.name": "Vgpu_Scheduler"}, "at '/scheduler/name': 'Vgpu_Scheduler' does not match pattern"),
         ({"scheduler.extenderHTTPTimeout": "5 seconds"}, "at '/scheduler/extenderHTTPTimeout'"),

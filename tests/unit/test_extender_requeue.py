@@ -13,7 +13,7 @@ from scheduler_extender import schema
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.requeue import Requeuer
 from scheduler_extender.service import ExtenderService
-from scheduler_extender.settings import load
+from scheduler_extender.settings import SettingsError, load
 from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
 from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
@@ -160,6 +160,15 @@ def test_the_setting_defaults_to_50_and_accepts_0() -> None:
     assert load(flags={}, env={}, config_file=None).requeue_max_pods == 50
     assert load(flags={}, env={"VGPU_EXTENDER_REQUEUE_MAX_PODS": "0"}, config_file=None).requeue_max_pods == 0
     assert load(flags={"requeue_max_pods": 7}, env={}, config_file=None).requeue_max_pods == 7
+
+
+def test_the_interval_defaults_to_2_s_and_rejects_out_of_range_values() -> None:
+    assert load(flags={}, env={}, config_file=None).requeue_interval_seconds == 2.0
+    env = {"VGPU_EXTENDER_REQUEUE_INTERVAL_SECONDS": "0.5"}
+    assert load(flags={}, env=env, config_file=None).requeue_interval_seconds == 0.5
+    for bad in (0, -1, 301):
+        with pytest.raises(SettingsError, match="requeue_interval_seconds"):
+            load(flags={"requeue_interval_seconds": bad}, env={}, config_file=None)
 
 
 # -- the service's hooks -------------------------------------------------------------------------------------------
