@@ -56,6 +56,10 @@ def create_app(service: ExtenderService) -> Starlette:
         hist = service.metrics.latency.labels(verb)
 
         async def handler(request: Request) -> Response:
+            if not service.leading.is_set():
+                service.metrics.standby_refusals.labels(verb).inc()
+                leader = service.leader or "unknown"
+                return _json({"Error": f"{verb}: this extender replica stands by; the leader is {leader}"}, status=503)
             started = time.perf_counter()
             try:
                 args = await _read(request, verb, model)
@@ -72,6 +76,8 @@ def create_app(service: ExtenderService) -> Starlette:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
+        """Synced, leader or not: a synced standby is ready to take over (and a rolling update can proceed);
+        the Service routes to the leader by its label."""
         if service.ready.is_set():
             return PlainTextResponse("ok")
         return PlainTextResponse("state not synced yet", status_code=503)

@@ -5,16 +5,19 @@ Functions take the API object and keyword-only arguments; nothing here holds a g
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from scheduler_extender.leader import Conflict, LeaseRecord
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 
@@ -97,6 +100,91 @@ class KubeBinder:
             uid=uid,
             annotations={ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value},
         )
+
+
+def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = (
+        _raw(api.list_pod_for_all_namespaces(field_selector=ACTIVE_PODS, _preload_content=False)).get("items") or []
+    )
+    return items
+
+
+def mark_leader(api: client.CoreV1Api, *, namespace: str, name: str, leading: bool) -> None:
+    """Set (or remove) `vgpu.io/extender-leader=true` on the extender's own pod: the Service selects it."""
+    labels = {ann.EXTENDER_LEADER_LABEL: "true" if leading else None}
+    api.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}}, _preload_content=False)
+
+
+def _micro_time(t: dt.datetime | None) -> str | None:
+    """A Lease's MicroTime: RFC 3339 with exactly six fractional digits, as the apiserver parses it."""
+    return None if t is None else t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(s: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00")) if s else None
+
+
+class KubeLeaseStore:
+    """A `coordination.k8s.io/v1` Lease as the leader election's record; updates carry the resourceVersion, so a
+    concurrent writer gets a 409, which becomes `Conflict`."""
+
+    def __init__(self, api: client.CoordinationV1Api, *, namespace: str, name: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+
+    def _record(self, raw: dict[str, Any]) -> LeaseRecord:
+        spec = raw.get("spec") or {}
+        return LeaseRecord(
+            holder=str(spec.get("holderIdentity") or ""),
+            duration_s=int(spec.get("leaseDurationSeconds") or 0),
+            acquire_time=_parse_time(spec.get("acquireTime")),
+            renew_time=_parse_time(spec.get("renewTime")),
+            transitions=int(spec.get("leaseTransitions") or 0),
+            version=str((raw.get("metadata") or {}).get("resourceVersion") or ""),
+        )
+
+    def _body(self, r: LeaseRecord) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if r.version:
+            meta["resourceVersion"] = r.version
+        spec = {
+            "holderIdentity": r.holder,
+            "leaseDurationSeconds": r.duration_s,
+            "acquireTime": _micro_time(r.acquire_time),
+            "renewTime": _micro_time(r.renew_time),
+            "leaseTransitions": r.transitions,
+        }
+        # A plain dict, not a V1Lease: the client would write a whole-second time without the fraction MicroTime needs.
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+
+    def get(self) -> LeaseRecord | None:
+        try:
+            return self._record(_raw(self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, record: LeaseRecord) -> LeaseRecord:
+        try:
+            body = self._body(replace(record, version=""))
+            raw = self.api.create_namespaced_lease(self.namespace, body, _preload_content=False)  # type: ignore[arg-type]
+            return self._record(_raw(raw))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"lease {self.namespace}/{self.name} exists already") from None
+            raise
+
+    def update(self, record: LeaseRecord) -> LeaseRecord:
+        try:
+            body = self._body(record)
+            raw = self.api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False)  # type: ignore[arg-type]
+            return self._record(_raw(raw))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"lease {self.namespace}/{self.name} changed since it was read") from None
+            raise
 
 
 Handler = Callable[[str, dict[str, Any]], None]

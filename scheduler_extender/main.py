@@ -7,20 +7,28 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import threading
 import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from scheduler_extender.app import create_app
+from scheduler_extender.leader import LeaderElector
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ExtenderSettings, SettingsError, load
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
 from vgpu.state import ClusterState
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 log = logging.getLogger("scheduler_extender")
 
@@ -58,6 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="nudge one pending pod at most once per this many seconds; releases in between coalesce (2)",
     )
+    le = p.add_argument_group(
+        "leader election", "several replicas, one serving; the others stand by with a synced view (docs/extender.md)"
+    )
+    le.add_argument("--leader-elect", action="store_true", default=None, help="take part in leader election")
+    le.add_argument("--leader-elect-resource-name", help="name of the Lease (default vgpu-extender)")
+    le.add_argument("--leader-elect-resource-namespace", help="namespace of the Lease (default kube-system)")
+    le.add_argument(
+        "--leader-elect-lease-duration-seconds", type=float, help="a standby takes over an unrenewed lease after (15)"
+    )
+    le.add_argument(
+        "--leader-elect-renew-deadline-seconds", type=float, help="a leader that cannot renew stops after (10)"
+    )
+    le.add_argument("--leader-elect-retry-period-seconds", type=float, help="acquire and renew every (2)")
+    le.add_argument("--pod-name", help="this replica's pod (downward API), labelled while it leads")
+    le.add_argument("--pod-namespace", help="namespace of --pod-name")
     p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -75,8 +98,9 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
     }
 
 
-def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
-    """The service plus, for the kube source, the running source (so callers can stop it)."""
+def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, Election | None]:
+    """The service plus, for the kube source, the running source (so callers can stop it) and, with
+    --leader-elect, the election (so main can release the lease on shutdown)."""
     state = ClusterState(s.placement())
     options = ServiceOptions(
         names=s.resource_names(),
@@ -93,7 +117,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
         binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
         service = ExtenderService(state, binder, options=options, lock=lock)
         service.ready.set()
-        return service, None
+        return service, None, None
     import functools
 
     from kubernetes import client, config
@@ -117,11 +141,85 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None]:
     )
     service = ExtenderService(state, KubeBinder(api), options=options, lock=lock, metrics=metrics, requeuer=requeuer)
     requeuer.start()
+    election = start_leader_election(s, service, api) if s.leader_elect else None
     source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)
     source.start()
     reaper = threading.Thread(target=_reap, args=(service, s.bind_grace_seconds / 4), name="reaper", daemon=True)
     reaper.start()
-    return service, source
+    return service, source, election
+
+
+@dataclass
+class Election:
+    elector: LeaderElector
+    lost: threading.Event = field(default_factory=threading.Event)  # the lease was lost, not given up
+    releasing: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        """On shutdown: give the lease up so a standby takes over within one retry period."""
+        self.releasing.set()
+        self.elector.stop(release=True)
+
+
+def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: client.CoreV1Api) -> Election:
+    """Stand by until this replica holds the Lease (scheduler_extender.leader). Leading: serve, label the own
+    pod for the Service, learn the pods placed meanwhile. Losing the lease: stop serving and end the process
+    (SIGTERM to itself), so it comes back as a standby with state rebuilt from the apiserver."""
+    from kubernetes import client
+
+    from scheduler_extender.kube import KubeLeaseStore, list_active_pods, mark_leader
+
+    identity = f"{s.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+    def label(leading: bool) -> None:
+        if s.pod_name is None or s.pod_namespace is None:
+            return
+        try:
+            mark_leader(api, namespace=s.pod_namespace, name=s.pod_name, leading=leading)
+        except Exception as exc:
+            log.error("cannot label the own pod", extra={"pod": s.pod_name, "leading": leading, "error": repr(exc)})
+
+    def started() -> None:
+        service.set_leading(True, leader=identity)
+        label(True)
+        try:
+            service.seed_learning_from(list_active_pods(api))
+        except Exception as exc:  # learning catches up through /filter anyway
+            log.warning("cannot seed learning on taking over", extra={"error": repr(exc)})
+
+    def stopped() -> None:
+        service.set_leading(False, leader=elector.holder)
+        label(False)
+        if not election.releasing.is_set():
+            election.lost.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; main exits 1
+
+    elector = LeaderElector(
+        KubeLeaseStore(
+            client.CoordinationV1Api(), namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name
+        ),
+        identity,
+        lease_s=s.leader_elect_lease_duration_seconds,
+        renew_deadline_s=s.leader_elect_renew_deadline_seconds,
+        retry_s=s.leader_elect_retry_period_seconds,
+        on_started=started,
+        on_stopped=stopped,
+        on_holder=lambda holder: setattr(service, "leader", holder),
+    )
+    service.set_leading(False)
+    label(False)  # a label left by an earlier run of this pod (labels outlive container restarts)
+    log.info("leader election: standing by", extra={"identity": identity, "lease": s.leader_elect_resource_name})
+    election = Election(elector)
+    elector.start(after=service.ready)
+    return election
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: a clean shutdown."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def _reap(service: ExtenderService, interval: float) -> None:
@@ -142,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     configure(settings.log_level, settings.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     try:
-        service, _source = build_service(settings)
+        service, _source, election = build_service(settings)
     except (VgpuError, OSError) as exc:
         print(f"vgpu-extender: cannot load cluster state: {exc}", file=sys.stderr)
         return 2
@@ -156,14 +254,26 @@ def main(argv: list[str] | None = None) -> int:
             "policy": settings.node_policy,
         },
     )
-    uvicorn.run(
-        create_app(service),
-        host=settings.address,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        **_ssl_kwargs(settings),  # type: ignore[arg-type]
-    )
+    # uvicorn shuts down gracefully on SIGTERM and then raises the signal again for the handler it found: this one,
+    # so the lease is released below instead of the process dying on the default action.
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        uvicorn.run(
+            create_app(service),
+            host=settings.address,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            **_ssl_kwargs(settings),  # type: ignore[arg-type]
+        )
+    except Terminated:
+        log.info("stopped by SIGTERM")
+    finally:
+        if election is not None:
+            election.release()
+    if election is not None and election.lost.is_set():
+        log.error("exiting after losing the lease; a restart comes back as a standby")
+        return 1
     return 0
 
 

@@ -129,6 +129,18 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "vgpu_extender_leader",
+            "1 while this replica serves (leads, or runs without leader election), 0 while it stands by",
+            registry=self.registry,
+        )
+        self.leader.set(1)
+        self.standby_refusals = Counter(
+            "vgpu_extender_standby_refusals_total",
+            "Verbs answered 503 because this replica stands by (kube-scheduler reached a non-leader)",
+            ["verb"],
+            registry=self.registry,
+        )
         self.bad_requests = Counter(
             "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry
         )

@@ -78,6 +78,11 @@ class ExtenderService:
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._parsed: dict[str, tuple[dict[str, Any], PodInfo]] = {}  # UID -> the pod last parsed, its parse
         self.ready = threading.Event()
+        # Set while this replica may serve the verbs: always without leader election; with it, only while it leads
+        # (scheduler_extender.leader). `leader` names the holder for a standby's refusals.
+        self.leading = threading.Event()
+        self.leading.set()
+        self.leader = ""
         # Pods whose last /filter found no node: key -> UID, oldest first. When capacity frees the requeuer nudges
         # them so kube-scheduler retries them (scheduler_extender.requeue); no requeuer (the file source): no nudges.
         self.unschedulable: dict[str, str] = {}
@@ -413,6 +418,23 @@ class ExtenderService:
             self.sync.replace_nodes(nodes)
             if any(before.get(name) is not node for name, node in self.state.nodes.items()):
                 self._capacity_freed()  # new or changed nodes, as in node_event
+
+    def set_leading(self, leading: bool, *, leader: str = "") -> None:
+        """Leader election moved: serve the verbs or refuse them (503) while another replica leads."""
+        self.leader = leader
+        self.metrics.leader.set(1 if leading else 0)
+        if leading:
+            self.leading.set()
+        else:
+            self.leading.clear()
+
+    def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
+        """Seed learning from running pods not seeded yet: a standby that takes over learns the pods the leader
+        placed while it stood by (it never saw their /filter). Pods seeded before are skipped, so none counts twice."""
+        candidates, skipped = self._seed_candidates(pods)
+        with self.lock:
+            fresh = [(uid, info) for uid, info in candidates if not uid or uid not in self._seeded]
+            return self._seed_learning(fresh, skipped)
 
     def replace_pods(self, pods: list[dict[str, Any]], *, seed_learning: bool = False) -> None:
         """Apply a pod list. `seed_learning` (the source's first list only, never a relist, which would count

@@ -69,6 +69,28 @@ class ExtenderSettings(BaseModel):
         le=300,
         description="a pending pod is nudged at most once per this many seconds (later releases coalesce into one)",
     )
+    leader_elect: bool = Field(
+        default=False, description="run as one of several replicas: only the Lease holder serves (kube source only)"
+    )
+    leader_elect_resource_name: str = Field(
+        default="vgpu-extender", min_length=1, description="name of the coordination.k8s.io/v1 Lease"
+    )
+    leader_elect_resource_namespace: str = Field(
+        default="kube-system", min_length=1, description="namespace of the Lease"
+    )
+    leader_elect_lease_duration_seconds: float = Field(
+        default=15.0, gt=0, description="how long a standby waits on an unrenewed lease before taking it over"
+    )
+    leader_elect_renew_deadline_seconds: float = Field(
+        default=10.0, gt=0, description="how long a leader keeps serving while it cannot renew"
+    )
+    leader_elect_retry_period_seconds: float = Field(
+        default=2.0, gt=0, description="how often candidates try to acquire and the leader renews"
+    )
+    pod_name: str | None = Field(
+        default=None, description="this extender's own pod (downward API): the leader labels it for the Service"
+    )
+    pod_namespace: str | None = Field(default=None, description="namespace of pod_name")
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
@@ -80,6 +102,20 @@ class ExtenderSettings(BaseModel):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.source == "file" and self.cluster_file is None:
             raise ValueError("source 'file' needs cluster_file")
+        if self.leader_elect and self.source != "kube":
+            raise ValueError("leader_elect needs source 'kube' (the Lease lives in the apiserver)")
+        if not (
+            self.leader_elect_retry_period_seconds
+            < self.leader_elect_renew_deadline_seconds
+            < self.leader_elect_lease_duration_seconds
+        ):
+            raise ValueError(
+                "leader election needs retry period < renew deadline < lease duration, got "
+                f"{self.leader_elect_retry_period_seconds} / {self.leader_elect_renew_deadline_seconds} / "
+                f"{self.leader_elect_lease_duration_seconds} s"
+            )
+        if (self.pod_name is None) != (self.pod_namespace is None):
+            raise ValueError("pod_name and pod_namespace go together")
         if self.node_policy not in registry.names():
             raise ValueError(f"node_policy {self.node_policy!r} is unknown; known: {', '.join(registry.names())}")
         return self

@@ -27,6 +27,8 @@ POD_NODE_POLICY = PREFIX + "node-policy"
 POD_GPU_POLICY = PREFIX + "gpu-policy"
 # Written by the extender on a pending pod when capacity frees: a pod update, which makes kube-scheduler retry it.
 POD_REQUEUE = PREFIX + "requeue"
+# A label, not an annotation: on the extender's own pod while it leads; its Service selects it (leader election).
+EXTENDER_LEADER_LABEL = PREFIX + "extender-leader"
 VERSION = "v1"
 
 

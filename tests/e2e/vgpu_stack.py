@@ -38,26 +38,43 @@ def inventory(node: str, gpus: int) -> str:
     )
 
 
-class Extender:
-    """`vgpu-extender --source kube` as a managed process, restartable mid-test."""
+def _created(call: Any, *args: Any) -> None:
+    """Create an object; one left by an earlier test of the session is fine."""
+    try:
+        call(*args)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
 
-    def __init__(self, cp: ControlPlane) -> None:
+
+def extender_rbac(cp: ControlPlane) -> None:
+    """The extender's ClusterRole and its leader-election Role from deploy/manifests/extender.yaml, bound to the
+    user `vgpu-extender` (the kubeconfig's client certificate)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
+    rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
+    user = [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    _created(rbac_api.create_cluster_role, role)
+    binding = {"metadata": {"name": "vgpu-extender-e2e"}, "roleRef": ref, "subjects": user}
+    _created(rbac_api.create_cluster_role_binding, binding)
+    lease_role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].startswith("vgpu-extender"))
+    ns = lease_role["metadata"]["namespace"]
+    _created(rbac_api.create_namespaced_role, ns, lease_role)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role["metadata"]["name"]}
+    binding = {"metadata": {"name": "vgpu-extender-e2e", "namespace": ns}, "roleRef": ref, "subjects": user}
+    _created(rbac_api.create_namespaced_role_binding, ns, binding)
+
+
+class Extender:
+    """`vgpu-extender --source kube` as a managed process, restartable mid-test; `args` are added to its flags
+    (e.g. --leader-elect), `name` tells replicas apart in the logs."""
+
+    def __init__(self, cp: ControlPlane, *, name: str = "vgpu-extender", args: tuple[str, ...] = ()) -> None:
         self.cp = cp
-        rbac = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
-        role = next(d for d in rbac if d["kind"] == "ClusterRole")
-        rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
-        rbac_api.create_cluster_role(role)
-        rbac_api.create_cluster_role_binding(
-            {
-                "metadata": {"name": "vgpu-extender-e2e"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": role["metadata"]["name"],
-                },
-                "subjects": [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}],
-            }
-        )
+        self.name = name
+        self.args = args
+        extender_rbac(cp)
         self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
         self.cert, self.key = cp.issue_server_cert("vgpu-extender")
         self.port = free_port()
@@ -86,8 +103,9 @@ class Extender:
             str(self.key),
             "--log-format",
             "json",
+            *self.args,
         ]
-        self.proc = self.cp.spawn(f"vgpu-extender-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
+        self.proc = self.cp.spawn(f"{self.name}-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

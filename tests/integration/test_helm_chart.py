@@ -114,7 +114,8 @@ def _extender_settings(doc: dict[str, Any]) -> Any:
 
     c = _container(doc)
     args = build_parser().parse_args(c["args"])
-    env = {e["name"]: e["value"] for e in c.get("env", [])}
+    # The downward API's fields stand in as "<fieldPath>", so both sides must take them from the same place.
+    env = {e["name"]: e.get("value") or f"<{e['valueFrom']['fieldRef']['fieldPath']}>" for e in c.get("env", [])}
     return load(flags={k: v for k, v in vars(args).items() if k != "config"}, env=env, config_file=None)
 
 
@@ -403,7 +404,8 @@ def test_config_changes_roll_the_pods(helm: str) -> None:
     ("values", "message"),
     [
         ({"extender.replicas": 0}, "at '/extender/replicas': minimum: got 0, want 1"),
-        ({"extender.replicas": 2}, "at '/extender/replicas': maximum: got 2, want 1"),
+        ({"extender.replicas": 6}, "at '/extender/replicas': maximum: got 6, want 5"),
+        ({"extender.leaderElection.retryPeriodSeconds": 0}, "at '/extender/leaderElection/retryPeriodSeconds'"),
         ({"scheduler.replicas": 0}, "at '/scheduler/replicas': minimum: got 0, want 1"),
         ({"extender.nodePolicy": "tetris"}, "at '/extender/nodePolicy': value must be one of 'bestfit', 'binpack'"),
         ({"extender.gpuPolicy": "random"}, "at '/extender/gpuPolicy': value must be one of '', 'binpack', 'spread'"),
@@ -434,6 +436,26 @@ def test_bad_values_fail_with_the_schema_message(helm: str, values: dict[str, An
     err = template_error(helm, values)
     assert "values don't meet the specifications of the schema(s)" in err, err
     assert message in err, err
+
+
+def test_leader_election_timings_out_of_order_fail_with_a_clear_message(helm: str) -> None:
+    err = template_error(helm, {"extender.leaderElection.renewDeadlineSeconds": 20})
+    assert "retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds, got 2 < 20 < 15" in err, err
+
+
+def test_replicas_elect_a_leader_that_the_service_selects(helm: str) -> None:
+    values = {"extender.replicas": 2, "extender.leaderElection.leaseDurationSeconds": 20}
+    chart = by_key(template(helm, values))
+    dep = chart[("Deployment", "vgpu-extender")]
+    s = _extender_settings(dep)
+    assert s.leader_elect and s.leader_elect_resource_namespace == NAMESPACE
+    assert (s.leader_elect_lease_duration_seconds, s.leader_elect_renew_deadline_seconds) == (20, 10)
+    assert (s.pod_name, s.pod_namespace) == ("<metadata.name>", "<metadata.namespace>")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    selector = chart[("Service", "vgpu-extender")]["spec"]["selector"]
+    assert selector == {"app.kubernetes.io/name": "vgpu-extender", "vgpu.io/extender-leader": "true"}
+    lease_rule = chart[("Role", "vgpu-extender-leader-election")]["rules"][0]
+    assert lease_rule["resources"] == ["leases"] and {"get", "create", "update"} <= set(lease_rule["verbs"])
 
 
 def test_schema_enum_lists_every_policy_helm_accepts(helm: str) -> None:

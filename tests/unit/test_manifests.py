@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from vgpu import annotations as ann
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "manifests").glob("*.yaml"))
 SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -75,10 +77,15 @@ def test_extender_deployment_matches_the_service_the_scheduler_calls() -> None:
     assert svc["metadata"]["namespace"] == svc_ns
     assert [p["port"] for p in svc["spec"]["ports"]] == [url.port]
     template = docs[("Deployment", "vgpu-extender")]["spec"]["template"]
-    assert svc["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    # The Service selects the pods' labels plus the one the leader sets on its own pod (leader election).
+    selector = dict(svc["spec"]["selector"])
+    assert selector.pop(ann.EXTENDER_LEADER_LABEL) == "true"
+    assert selector.items() <= template["metadata"]["labels"].items()
     (container,) = template["spec"]["containers"]
     args = build_parser().parse_args(container["args"])  # every flag must exist in vgpu-extender
-    assert args.source == "kube" and args.port == url.port
+    assert args.source == "kube" and args.port == url.port and args.leader_elect
+    own_pod = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert own_pod == {"VGPU_EXTENDER_POD_NAME": "metadata.name", "VGPU_EXTENDER_POD_NAMESPACE": "metadata.namespace"}
     (port,) = container["ports"]
     assert port["containerPort"] == url.port and svc["spec"]["ports"][0]["targetPort"] == port["name"]
     tls_mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tls")

@@ -1,0 +1,148 @@
+"""Two extender replicas with --leader-elect on a real apiserver: one serves, the other stands by and takes over.
+
+The Lease, the RBAC (deploy/manifests/extender.yaml's leader-election Role) and the pod label the Service selects
+are the real objects; each replica is its own process, stopped cleanly (SIGTERM: it releases the lease) or killed.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.vgpu_stack import Extender
+from vgpu import annotations as ann
+
+NS = "kube-system"
+LEASE_S, RENEW_S, RETRY_S = 4.0, 3.0, 0.5
+
+
+def _post(ext: Extender, verb: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(
+        ext.url + "/" + verb, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, context=ext.ctx, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+FILTER = {"Pod": {"metadata": {"name": "probe", "namespace": "default", "uid": "u-probe"}, "spec": {}}, "NodeNames": []}
+
+
+def _serving(exts: list[Extender]) -> list[Extender]:
+    """The replicas that answer /filter (a standby answers 503)."""
+    out = []
+    for e in exts:
+        if e.proc is None or not e.proc.alive():
+            continue
+        try:
+            code, _ = _post(e, "filter", FILTER)
+        except (OSError, ssl.SSLError):
+            continue
+        if code == 200:
+            out.append(e)
+    return out
+
+
+def _wait_one_leader(exts: list[Extender], timeout: float) -> tuple[Extender, float]:
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        serving = _serving(exts)
+        assert len(serving) <= 1, f"two replicas serve at once: {[e.name for e in serving]}"
+        if serving:
+            return serving[0], time.monotonic() - started
+        time.sleep(0.1)
+    raise TimeoutError("no replica took over:\n" + "\n".join(e.proc.tail(20) for e in exts if e.proc))
+
+
+@pytest.fixture
+def replicas(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, list[Extender]]]:
+    lease = f"vgpu-extender-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(control_plane.api_client())
+    exts = []
+    for name in ("ext-a", "ext-b"):
+        pod = f"{lease}-{name}"
+        core.create_namespaced_pod(  # the replica's own pod, as the downward API would name it; never scheduled
+            NS,
+            {
+                "metadata": {"name": pod},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "extender", "image": "kube-vgpu"}]},
+            },
+        )
+        args = (
+            "--leader-elect",
+            f"--leader-elect-resource-name={lease}",
+            f"--leader-elect-resource-namespace={NS}",
+            f"--leader-elect-lease-duration-seconds={LEASE_S}",
+            f"--leader-elect-renew-deadline-seconds={RENEW_S}",
+            f"--leader-elect-retry-period-seconds={RETRY_S}",
+            f"--pod-name={pod}",
+            f"--pod-namespace={NS}",
+        )
+        exts.append(Extender(control_plane, name=pod, args=args))
+    try:
+        yield control_plane, lease, exts
+    finally:
+        for e in exts:
+            if e.proc is not None:
+                control_plane.stop_process(e.proc)
+        for e in exts:
+            core.delete_namespaced_pod(e.name, NS)
+
+
+def _labelled(core: client.CoreV1Api, exts: list[Extender]) -> list[str]:
+    return [
+        e.name
+        for e in exts
+        if (core.read_namespaced_pod(e.name, NS).metadata.labels or {}).get(ann.EXTENDER_LEADER_LABEL) == "true"
+    ]
+
+
+def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
+    replicas: tuple[ControlPlane, str, list[Extender]],
+) -> None:
+    cp, lease, exts = replicas
+    core = client.CoreV1Api(cp.api_client())
+    coord = client.CoordinationV1Api(cp.api_client())
+    for e in exts:
+        e.start()  # both synced and ready (/readyz): a standby is ready to take over
+    leader, _ = _wait_one_leader(exts, timeout=10)
+    standby = next(e for e in exts if e is not leader)
+    code, body = _post(standby, "filter", FILTER)
+    held = coord.read_namespaced_lease(lease, NS).spec
+    assert code == 503 and f"the leader is {held.holder_identity}" in str(body["Error"])
+    assert held.holder_identity.startswith(leader.name + "_") and held.lease_duration_seconds == LEASE_S
+    assert _labelled(core, exts) == [leader.name]
+
+    # A clean stop (SIGTERM, as on a rolling update) releases the lease: the standby serves within a few retries,
+    # well before the lease would have run out.
+    assert leader.proc is not None
+    cp.stop_process(leader.proc)
+    second, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
+    assert second is standby and took < LEASE_S
+    assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 0  # given up, not taken over
+    deadline = time.monotonic() + 5
+    while _labelled(core, exts) != [standby.name] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _labelled(core, exts) == [standby.name]
+
+    # The stopped replica comes back as a standby; then the leader crashes (SIGKILL: no release). The standby
+    # waits out the lease, then takes over.
+    leader.start()
+    time.sleep(RETRY_S * 3)
+    assert _serving(exts) == [standby]
+    standby.kill()
+    third, took = _wait_one_leader(exts, timeout=LEASE_S * 4)
+    assert third is leader and took >= LEASE_S - 2 * RETRY_S - 1
+    assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 1
