@@ -122,7 +122,7 @@ class LeaderElector:
             duration_s=max(1, round(self.lease_s)),
             acquire_time=current.acquire_time if ours and current is not None else now,
             renew_time=now,
-            transitions=(current.transitions + (0 if ours or not current.holder else 1)) if current else 0,
+            transitions=(current.transitions + (0 if ours else 1)) if current else 0,  # client-go counts from "" too
             version=current.version if current else "",
         )
 

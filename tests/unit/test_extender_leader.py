@@ -148,7 +148,7 @@ def test_a_clean_stop_releases_the_lease_so_the_standby_takes_over_without_waiti
     a.stop(release=True)
     assert lease.record is not None and lease.record.holder == "" and not a.leading.is_set()
     clock.t += 2  # one retry period, not a lease duration
-    assert b.step() and b.leading.is_set() and lease.record.holder == "b" and lease.record.transitions == 0
+    assert b.step() and b.leading.is_set() and lease.record.holder == "b" and lease.record.transitions == 1
     assert events == ["a started", "a stopped", "b started"]
 
 
