@@ -70,17 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
         "leader election", "several replicas, one serving; the others stand by with a synced view (docs/extender.md)"
     )
     le.add_argument("--leader-elect", action="store_true", default=None, help="take part in leader election")
-    le.add_argument("--leader-elect-resource-name", help="name of the Lease (default vgpu-extender)")
-    le.add_argument("--leader-elect-resource-namespace", help="namespace of the Lease (default kube-system)")
+    le.add_argument("--leader-elect-resource-name", metavar="NAME", help="name of the Lease (default vgpu-extender)")
     le.add_argument(
-        "--leader-elect-lease-duration-seconds", type=float, help="a standby takes over an unrenewed lease after (15)"
+        "--leader-elect-resource-namespace", metavar="NAMESPACE", help="namespace of the Lease (default kube-system)"
     )
     le.add_argument(
-        "--leader-elect-renew-deadline-seconds", type=float, help="a leader that cannot renew stops after (10)"
+        "--leader-elect-lease-duration-seconds",
+        type=float,
+        metavar="S",
+        help="a standby takes over an unrenewed lease after (15)",
     )
-    le.add_argument("--leader-elect-retry-period-seconds", type=float, help="acquire and renew every (2)")
-    le.add_argument("--pod-name", help="this replica's pod (downward API), labelled while it leads")
-    le.add_argument("--pod-namespace", help="namespace of --pod-name")
+    le.add_argument(
+        "--leader-elect-renew-deadline-seconds",
+        type=float,
+        metavar="S",
+        help="a leader that cannot renew stops after (10)",
+    )
+    le.add_argument("--leader-elect-retry-period-seconds", type=float, metavar="S", help="acquire and renew every (2)")
+    le.add_argument("--pod-name", metavar="NAME", help="this replica's pod (downward API), labelled while it leads")
+    le.add_argument("--pod-namespace", metavar="NAMESPACE", help="namespace of --pod-name")
     p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
     p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
