@@ -22,7 +22,7 @@ from tests.e2e.vgpu_stack import Extender
 from vgpu import annotations as ann
 
 NS = "kube-system"
-LEASE_S, RENEW_S, RETRY_S = 4.0, 3.0, 0.5
+LEASE_S, RENEW_S, RETRY_S = 8.0, 6.0, 0.5  # a release must hand over in well under half the lease
 
 
 def _post(ext: Extender, verb: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -130,7 +130,7 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     assert leader.proc is not None
     cp.stop_process(leader.proc)
     second, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
-    assert second is standby and took < LEASE_S
+    assert second is standby and took < LEASE_S / 2
     assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 1
     deadline = time.monotonic() + 5
     while _labelled(core, exts) != [standby.name] and time.monotonic() < deadline:
@@ -143,6 +143,6 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     time.sleep(RETRY_S * 3)
     assert _serving(exts) == [standby]
     standby.kill()
-    third, took = _wait_one_leader(exts, timeout=LEASE_S * 4)
+    third, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
     assert third is leader and took >= LEASE_S - 2 * RETRY_S - 1
     assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 2
