@@ -42,6 +42,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "everything": EVERYTHING,
     "webhook-own-secret": {"webhook.tls.mode": "secret", "webhook.tls.caBundle": "Q0EgUEVN"},
     "monitoring-without-components": {**ALL_OFF, **EVERYTHING},
+    "extender-ha": {"extender.replicas": 3},
 }
 
 
@@ -456,6 +457,14 @@ def test_replicas_elect_a_leader_that_the_service_selects(helm: str) -> None:
     assert selector == {"app.kubernetes.io/name": "vgpu-extender", "vgpu.io/extender-leader": "true"}
     lease_rule = chart[("Role", "vgpu-extender-leader-election")]["rules"][0]
     assert lease_rule["resources"] == ["leases"] and {"get", "create", "update"} <= set(lease_rule["verbs"])
+    pdb = chart[("PodDisruptionBudget", "vgpu-extender")]["spec"]
+    assert pdb == {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "vgpu-extender"}}}
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == (
+        "kubernetes.io/hostname"
+    )
+    # One replica: no PDB, which would block every node drain.
+    assert ("PodDisruptionBudget", "vgpu-extender") not in by_key(template(helm))
 
 
 def test_schema_enum_lists_every_policy_helm_accepts(helm: str) -> None:
