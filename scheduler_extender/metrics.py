@@ -113,7 +113,7 @@ class ExtenderMetrics:
         )
         self.learning_seeded = Counter(
             "vgpu_extender_learning_seeded_pods_total",
-            "Running pods that seeded the placement policy's learned workload when the extender started",
+            "Running pods that seeded the placement policy's learned workload when the extender started or took over",
             registry=self.registry,
         )
         self.learning_seed_skipped = Counter(

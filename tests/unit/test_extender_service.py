@@ -269,6 +269,20 @@ def test_the_first_pod_list_seeds_learning_and_a_relist_does_not() -> None:
     assert policy.seen == 4 and policy.counts[shape[20]] == 2
 
 
+def test_taking_over_seeds_only_the_pods_not_seeded_before() -> None:
+    """A standby seeded its learning at its first list; on taking over it learns the pods placed since."""
+    svc = ExtenderService(_state(), FakeBinder())
+    first = [_running("p0", 50, "GPU-a-0"), _running("p1", 20, "GPU-a-1")]
+    svc.replace_pods(first, seed_learning=True)
+    policy = svc.planner.policy(svc.planner.config.node_policy)
+    assert isinstance(policy, FragAware) and policy.seen == 2
+    later = [*first, _running("p2", 20, "GPU-b-0"), _pod("pending", 40)]
+    assert svc.seed_learning_from(later) == 1  # p2 only: p0, p1 were seeded, the pending pod holds nothing
+    assert policy.seen == 3
+    assert svc.seed_learning_from(later) == 0  # a second takeover of the same process would add nothing
+    assert svc.metrics.registry.get_sample_value("vgpu_extender_learning_seeded_pods_total") == 3
+
+
 def test_seeded_pods_count_towards_the_bootstrap() -> None:
     svc, observed, now = _recording_learner()
     running = [_running(f"r{i}", 10, "GPU-a-0") for i in range(LEARN_BOOTSTRAP)]
