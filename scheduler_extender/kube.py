@@ -115,6 +115,18 @@ def mark_leader(api: client.CoreV1Api, *, namespace: str, name: str, leading: bo
     api.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}}, _preload_content=False)
 
 
+def clear_other_leader_labels(api: client.CoreV1Api, *, namespace: str, own: str) -> list[str]:
+    """Remove `vgpu.io/extender-leader` from every other pod in the namespace: a leader that crashed leaves it
+    behind until its container restarts. Returns the pods cleared."""
+    raw = _raw(
+        api.list_namespaced_pod(namespace, label_selector=f"{ann.EXTENDER_LEADER_LABEL}=true", _preload_content=False)
+    )
+    names = [str(p["metadata"]["name"]) for p in raw.get("items") or [] if p["metadata"]["name"] != own]
+    for name in names:
+        mark_leader(api, namespace=namespace, name=name, leading=False)
+    return names
+
+
 def _micro_time(t: dt.datetime | None) -> str | None:
     """A Lease's MicroTime: RFC 3339 with exactly six fractional digits, as the apiserver parses it."""
     return None if t is None else t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

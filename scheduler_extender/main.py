@@ -175,7 +175,7 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: cl
     (SIGTERM to itself), so it comes back as a standby with state rebuilt from the apiserver."""
     from kubernetes import client
 
-    from scheduler_extender.kube import KubeLeaseStore, list_active_pods, mark_leader
+    from scheduler_extender.kube import KubeLeaseStore, clear_other_leader_labels, list_active_pods, mark_leader
 
     identity = f"{s.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -184,6 +184,10 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: cl
             return
         try:
             mark_leader(api, namespace=s.pod_namespace, name=s.pod_name, leading=leading)
+            if leading:  # a crashed leader's pod keeps the label until its container restarts
+                cleared = clear_other_leader_labels(api, namespace=s.pod_namespace, own=s.pod_name)
+                if cleared:
+                    log.info("cleared a stale leader label", extra={"pods": cleared})
         except Exception as exc:
             log.error("cannot label the own pod", extra={"pod": s.pod_name, "leading": leading, "error": repr(exc)})
 

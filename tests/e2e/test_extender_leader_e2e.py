@@ -145,4 +145,20 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     standby.kill()
     third, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
     assert third is leader and took >= LEASE_S - 2 * RETRY_S - 1
+    deadline = time.monotonic() + 5
+    while _labelled(core, exts) != [leader.name] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _labelled(core, exts) == [leader.name]  # the crashed leader's stale label is gone too
     assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 2
+
+    # Someone else writes the Lease (as a replica that saw it expire during a long pause would): the leader sees
+    # another holder at its next renewal, stops serving and exits 1, to come back as a standby.
+    held = coord.read_namespaced_lease(lease, NS)
+    held.spec.holder_identity = "intruder"
+    coord.replace_namespaced_lease(lease, NS, held)
+    assert third.proc is not None
+    deadline = time.monotonic() + RENEW_S
+    while third.proc.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert third.proc.popen.poll() == 1, third.proc.tail(20)
+    assert "lost the lease" in third.proc.tail(20) and _labelled(core, exts) == []  # it removed its own label
