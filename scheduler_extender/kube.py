@@ -167,7 +167,8 @@ class KubeLeaseStore:
             "renewTime": _micro_time(r.renew_time),
             "leaseTransitions": r.transitions,
         }
-        # A plain dict, not a V1Lease: the client would write a whole-second time without the fraction MicroTime needs.
+        # A plain dict, not a V1Lease: the client writes datetime.isoformat(), which drops the fraction when it is zero,
+        # and the apiserver parses MicroTime with exactly six fractional digits.
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
     def get(self) -> LeaseRecord | None:
