@@ -3,7 +3,7 @@
 Two active extenders could both reserve the same free slice between their watch updates, so only the leader
 answers /filter, /prioritize and /bind. Every replica keeps its watches running, so a standby takes over with a
 current view, and the leader labels its own pod `vgpu.io/extender-leader=true`, which the Service selects, so
-kube-scheduler always reaches the leader (main.py wires this).
+kube-scheduler always reaches the leader (scheduler_extender.leadership wires this).
 
 The rules are client-go's: a lease is held while its record keeps changing; a candidate takes it over once it
 has seen the same record for longer than the lease duration, measured on its own monotonic clock (so clock skew

@@ -7,20 +7,16 @@ import faulthandler
 import logging
 import os
 import signal
-import socket
 import ssl
 import sys
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import uvicorn
 
 from scheduler_extender.app import create_app
-from scheduler_extender.leader import LeaderElector
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ExtenderSettings, SettingsError, load
 from vgpu.errors import VgpuError
@@ -28,7 +24,7 @@ from vgpu.logs import configure
 from vgpu.state import ClusterState
 
 if TYPE_CHECKING:
-    from kubernetes import client
+    from scheduler_extender.leadership import Election
 
 log = logging.getLogger("scheduler_extender")
 
@@ -131,6 +127,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
     from kubernetes import client, config
 
     from scheduler_extender.kube import KubeBinder, nudge_pod
+    from scheduler_extender.leadership import start_leader_election
     from scheduler_extender.metrics import ExtenderMetrics
     from scheduler_extender.requeue import Requeuer
     from scheduler_extender.sources.kube import KubeSource
@@ -155,75 +152,6 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
     reaper = threading.Thread(target=_reap, args=(service, s.bind_grace_seconds / 4), name="reaper", daemon=True)
     reaper.start()
     return service, source, election
-
-
-@dataclass
-class Election:
-    elector: LeaderElector
-    lost: threading.Event = field(default_factory=threading.Event)  # the lease was lost, not given up
-    releasing: threading.Event = field(default_factory=threading.Event)
-
-    def release(self) -> None:
-        """On shutdown: give the lease up so a standby takes over within one retry period."""
-        self.releasing.set()
-        self.elector.stop(release=True)
-
-
-def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: client.CoreV1Api) -> Election:
-    """Stand by until this replica holds the Lease (scheduler_extender.leader). Leading: serve, label the own
-    pod for the Service, learn the pods placed meanwhile. Losing the lease: stop serving and end the process
-    (SIGTERM to itself), so it comes back as a standby with state rebuilt from the apiserver."""
-    from kubernetes import client
-
-    from scheduler_extender.kube import KubeLeaseStore, clear_other_leader_labels, list_active_pods, mark_leader
-
-    identity = f"{s.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-    def label(leading: bool) -> None:
-        if s.pod_name is None or s.pod_namespace is None:
-            return
-        try:
-            mark_leader(api, namespace=s.pod_namespace, name=s.pod_name, leading=leading)
-            if leading:  # a crashed leader's pod keeps the label until its container restarts
-                cleared = clear_other_leader_labels(api, namespace=s.pod_namespace, own=s.pod_name)
-                if cleared:
-                    log.info("cleared a stale leader label", extra={"pods": cleared})
-        except Exception as exc:
-            log.error("cannot label the own pod", extra={"pod": s.pod_name, "leading": leading, "error": repr(exc)})
-
-    def started() -> None:
-        service.set_leading(True, leader=identity)
-        label(True)
-        try:
-            service.seed_learning_from(list_active_pods(api))
-        except Exception as exc:  # learning catches up through /filter anyway
-            log.warning("cannot seed learning on taking over", extra={"error": repr(exc)})
-
-    def stopped() -> None:
-        service.set_leading(False, leader=elector.holder)
-        label(False)
-        if not election.releasing.is_set():
-            election.lost.set()
-            os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; main exits 1
-
-    elector = LeaderElector(
-        KubeLeaseStore(
-            client.CoordinationV1Api(), namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name
-        ),
-        identity,
-        lease_s=s.leader_elect_lease_duration_seconds,
-        renew_deadline_s=s.leader_elect_renew_deadline_seconds,
-        retry_s=s.leader_elect_retry_period_seconds,
-        on_started=started,
-        on_stopped=stopped,
-        on_holder=lambda holder: setattr(service, "leader", holder),
-    )
-    service.set_leading(False)
-    label(False)  # a label left by an earlier run of this pod (labels outlive container restarts)
-    log.info("leader election: standing by", extra={"identity": identity, "lease": s.leader_elect_resource_name})
-    election = Election(elector)
-    elector.start(after=service.ready)
-    return election
 
 
 class Terminated(Exception):
