@@ -69,6 +69,9 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: cl
             election.lost.set()
             os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; main exits 1
 
+    def holder_seen(holder: str) -> None:
+        service.leader = holder  # named in a standby's 503s
+
     elector = LeaderElector(
         KubeLeaseStore(
             client.CoordinationV1Api(), namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name
@@ -79,7 +82,7 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: cl
         retry_s=s.leader_elect_retry_period_seconds,
         on_started=started,
         on_stopped=stopped,
-        on_holder=lambda holder: setattr(service, "leader", holder),
+        on_holder=holder_seen,
     )
     service.set_leading(False)
     label(False)  # a label left by an earlier run of this pod (labels outlive container restarts)

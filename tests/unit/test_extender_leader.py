@@ -55,6 +55,20 @@ class MemoryLease:
         return self._store(record)
 
 
+class StaleRead(MemoryLease):
+    """Reads an old record (as a candidate that read just before another wrote), writes to the real lease."""
+
+    def __init__(self, lease: MemoryLease, seen: LeaseRecord) -> None:
+        super().__init__()
+        self.lease, self.seen = lease, seen
+
+    def get(self) -> LeaseRecord | None:
+        return self.seen
+
+    def update(self, record: LeaseRecord) -> LeaseRecord:
+        return self.lease.update(record)
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 1000.0
@@ -133,11 +147,10 @@ def test_two_candidates_racing_for_a_free_lease_get_one_leader() -> None:
     lease, clock, events = MemoryLease(), Clock(), list[str]()
     released = lease.record = LeaseRecord(holder="", duration_s=1, version="0")  # given up by an earlier leader
     a, b = _elector(lease, clock, "a", events), _elector(lease, clock, "b", events)
-    b_read = lease.get
-    b.store = type("StaleRead", (), {"get": lambda self: released, "update": lambda self, r: lease.update(r)})()
+    b.store = StaleRead(lease, released)
     assert a.attempt() is Attempt.HELD
     assert b.attempt() is Attempt.FAILED  # b read the released lease before a wrote it: its write conflicts
-    assert b_read() is not None and lease.record.holder == "a" and lease.writes == 1
+    assert lease.get() is not None and lease.record.holder == "a" and lease.writes == 1
 
 
 def test_a_clean_stop_releases_the_lease_so_the_standby_takes_over_without_waiting() -> None:
