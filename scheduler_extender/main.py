@@ -21,6 +21,7 @@ from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ExtenderSettings, SettingsError, load
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
+from vgpu.placement import registry
 from vgpu.state import ClusterState
 
 if TYPE_CHECKING:
@@ -46,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-file", type=Path, help="cluster file for --source file")
     p.add_argument("--persist", action="store_true", default=None, help="write binds back to --cluster-file")
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig path (default: in-cluster config)")
-    p.add_argument("--node-policy", help="node placement policy (default 'default')")
+    p.add_argument(
+        "--node-policy",
+        help=f"node placement policy, one of {', '.join(registry.production_names())} (default 'default')",
+    )
     p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
     p.add_argument("--bind-grace-seconds", type=float, help="reservation lifetime of a bind without Binding (30)")
     p.add_argument(

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vgpu.config import PlacementConfig, ResourceNames
+from vgpu.errors import UnknownPolicyError
 from vgpu.placement import registry
 
 ENV_PREFIX = "VGPU_EXTENDER_"
@@ -44,7 +45,10 @@ class ExtenderSettings(BaseModel):
     cluster_file: Path | None = Field(default=None, description="cluster file for --source file")
     persist: bool = Field(default=False, description="write binds back to the cluster file (atomic rename)")
     kubeconfig: Path | None = Field(default=None, description="kubeconfig; in-cluster config when unset")
-    node_policy: str = Field(default="default", description="cluster-wide node placement policy")
+    node_policy: str = Field(
+        default="default",
+        description=f"cluster-wide node placement policy: {', '.join(registry.production_names())}",
+    )
     gpu_policy: Literal["binpack", "spread"] | None = Field(
         default=None, description="GPU order inside a node; unset = the node policy's own"
     )
@@ -116,8 +120,10 @@ class ExtenderSettings(BaseModel):
             )
         if (self.pod_name is None) != (self.pod_namespace is None):
             raise ValueError("pod_name and pod_namespace go together")
-        if self.node_policy not in registry.names():
-            raise ValueError(f"node_policy {self.node_policy!r} is unknown; known: {', '.join(registry.names())}")
+        try:
+            registry.check_production(self.node_policy)  # experiment names are for the benchmarks only
+        except UnknownPolicyError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     def placement(self) -> PlacementConfig:

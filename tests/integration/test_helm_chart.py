@@ -409,6 +409,7 @@ def test_config_changes_roll_the_pods(helm: str) -> None:
         ({"extender.leaderElection.retryPeriodSeconds": 0}, "at '/extender/leaderElection/retryPeriodSeconds'"),
         ({"scheduler.replicas": 0}, "at '/scheduler/replicas': minimum: got 0, want 1"),
         ({"extender.nodePolicy": "tetris"}, "at '/extender/nodePolicy': value must be one of 'bestfit', 'binpack'"),
+        ({"extender.nodePolicy": "fragaware-wg100"}, "at '/extender/nodePolicy': value must be one of"),
         ({"extender.gpuPolicy": "random"}, "at '/extender/gpuPolicy': value must be one of '', 'binpack', 'spread'"),
         ({"extender.bindGraceSeconds": 0}, "at '/extender/bindGraceSeconds': exclusiveMinimum"),
         ({"extender.requeueMaxPods": -1}, "at '/extender/requeueMaxPods': minimum"),
@@ -470,6 +471,6 @@ def test_replicas_elect_a_leader_that_the_service_selects(helm: str) -> None:
 def test_schema_enum_lists_every_policy_helm_accepts(helm: str) -> None:
     from vgpu.placement import registry
 
-    for name in registry.names():
+    for name in registry.production_names():
         dep = by_key(template(helm, {"extender.nodePolicy": name}))[("Deployment", "vgpu-extender")]
         assert _extender_settings(dep).node_policy == name

@@ -35,7 +35,11 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
     ("flags", "fragment"),
     [
         ({"port": 0}, "port"),
-        ({"node_policy": "tetris"}, "known: "),
+        ({"node_policy": "tetris"}, "allowed: "),
+        (
+            {"node_policy": "fragaware-wg100", "source": "file", "cluster_file": "/c.yaml"},
+            "benchmark experiment, not a production policy; allowed: bestfit, binpack, default",
+        ),
         ({"source": "file"}, "needs cluster_file"),
         ({"tls_cert_file": "/x.pem"}, "go together"),
         ({"priority_mapping": "log"}, "priority_mapping"),

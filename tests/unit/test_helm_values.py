@@ -32,9 +32,11 @@ def _values() -> dict[str, Any]:
 
 
 def test_schema_node_policies_are_the_registered_ones() -> None:
-    # A policy added to (or removed from) vgpu/placement/registry.py must be added to the schema too.
+    # A policy added to (or removed from) vgpu/placement/registry.py must be added to the schema too;
+    # experiment variants stay out: the chart offers production policies only.
     enum = _schema()["properties"]["extender"]["properties"]["nodePolicy"]["enum"]
-    assert sorted(enum) == registry.names()
+    assert sorted(enum) == registry.production_names()
+    assert not registry.EXPERIMENTAL & set(enum)
 
 
 def test_values_yaml_is_valid_under_the_schema() -> None:

@@ -48,3 +48,39 @@ def test_scores_stay_in_unit_range(policy: Binpack | Spread) -> None:
     empty = NodePlacement("n", ())
     assert 0.0 <= policy.score(node, empty, pod) <= 1.0
     policy.observe(pod)
+
+
+def test_production_names_leave_the_experiments_out() -> None:
+    prod = registry.production_names()
+    assert "default" in prod and "binpack" in prod
+    assert registry.EXPERIMENTAL and not registry.EXPERIMENTAL & set(prod)
+    assert set(prod) | registry.EXPERIMENTAL == set(registry.names())
+
+
+@pytest.mark.parametrize("name", sorted(registry.EXPERIMENTAL))
+def test_production_check_refuses_experiments_naming_the_allowed(name: str) -> None:
+    with pytest.raises(UnknownPolicyError) as info:
+        registry.check_production(name)
+    msg = str(info.value)
+    assert f"{name!r} is a benchmark experiment" in msg
+    allowed = msg.split("allowed: ", 1)[1].split(", ")
+    assert allowed == registry.production_names()
+
+
+def test_production_check_refuses_unknown_names_and_passes_production_ones() -> None:
+    with pytest.raises(UnknownPolicyError, match=r"unknown placement policy 'tetris'; allowed: bestfit, binpack"):
+        registry.check_production("tetris")
+    for name in registry.production_names():
+        assert registry.check_production(name) == name
+
+
+@pytest.mark.parametrize("name", sorted(registry.EXPERIMENTAL))
+def test_benchmarks_still_resolve_experiments(name: str) -> None:
+    # The replay engine (and `vgpu replay --policy`) resolve through names()/create(), which keep every policy.
+    from vgpu.replay.engine import replay
+    from vgpu.replay.trace import NodeRow, PodRow
+
+    assert name in registry.names()
+    pods = [PodRow("a", 1000, 1024, 1, 500), PodRow("b", 1000, 1024, 1, 1000)]
+    run = replay([NodeRow("n0", 64_000, 262_144, 2, "G2")], pods, name, 42)
+    assert run.policy == name and run.arrived[-1] > 2000  # arrivals go on until the two GPUs are full

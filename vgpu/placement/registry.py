@@ -1,4 +1,9 @@
-"""Every placement policy by name; the extender, the CLI and the benchmarks look policies up here."""
+"""Every placement policy by name; the extender, the CLI and the benchmarks look policies up here.
+
+Experiment variants (earlier defaults kept so docs/packing.md's comparisons can be rerun) resolve like any
+other name, but are not production values: `production_names()` is what the extender and the chart offer,
+`names()` is what the replay benchmarks may use.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from vgpu.placement.base import NodePolicy
 _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "binpack": binpack.create,
     "spread": spread.create,
-    # The FGD paper's baselines and FGD itself (issue 6; docs/packing.md).
+    # The FGD paper's baselines and FGD itself (docs/packing.md).
     "random": randomfit.create,
     "dotprod": dotprod.create,
     "gpu-clustering": gpu_clustering.create,
@@ -22,9 +27,11 @@ _FACTORIES: dict[str, Callable[[], NodePolicy]] = {
     "fragaware-wg100": fragaware.create_wg100,  # the default before the whole-GPU weight
     "fragaware-s2000": fragaware.create_s2000,  # the default before the workload-dependent step width
     "fragaware-gpusteps": fragaware.create_gpusteps,  # the default before the exact GPU choice in the node
-    # The extender's default: FGD against the online-learned workload (issue 6, docs/packing.md).
+    # The extender's default: FGD against the online-learned workload (docs/packing.md).
     "default": fragaware.create,
 }
+# Earlier defaults, for the benchmarks only (docs/packing.md measures the current default against them).
+EXPERIMENTAL = frozenset({"fragaware-wg100", "fragaware-s2000", "fragaware-gpusteps"})
 # GPU-level policies order GPUs inside the chosen node.
 GPU_POLICIES = ("binpack", "spread")
 
@@ -35,6 +42,23 @@ def register(name: str, factory: Callable[[], NodePolicy]) -> None:
 
 def names() -> list[str]:
     return sorted(_FACTORIES)
+
+
+def production_names() -> list[str]:
+    """The names a cluster may be configured with (`--node-policy`, the chart's `extender.nodePolicy`)."""
+    return [n for n in names() if n not in EXPERIMENTAL]
+
+
+def check_production(name: str) -> str:
+    """`name` if a cluster may use it; else UnknownPolicyError naming the allowed values."""
+    if name in EXPERIMENTAL:
+        raise UnknownPolicyError(
+            f"placement policy {name!r} is a benchmark experiment, not a production policy; "
+            f"allowed: {', '.join(production_names())}"
+        )
+    if name not in _FACTORIES:
+        raise UnknownPolicyError(f"unknown placement policy {name!r}; allowed: {', '.join(production_names())}")
+    return name
 
 
 def create(name: str) -> NodePolicy:
