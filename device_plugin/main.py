@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from kubernetes import client as k8s
@@ -18,6 +19,9 @@ from device_plugin.nvml import real
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.podresources import PodResourcesClient
 from vgpu import logs
+from vgpu.prerequisites import missing_path, no_kube_api
+
+PROG = "vgpu-device-plugin"
 
 
 def _api(kubeconfig: str) -> k8s.CoreV1Api:
@@ -32,8 +36,27 @@ def _nvml(fake_scenario: str) -> NvmlBackend:
     if fake_scenario:
         from device_plugin.testing.fake_nvml import FakeNvml  # demo/test mode only, chosen explicitly
 
-        return FakeNvml.from_file(fake_scenario)
+        # Wall time from start: the scenario's XIDs, errors and process timelines play out by themselves.
+        return FakeNvml.from_file(fake_scenario, clock=time.monotonic)
     return real.load()
+
+
+def _missing_prerequisite(conf: cfg.PluginConfig) -> str | None:
+    """One line naming what this node lacks for the plugin to start, or None."""
+    if conf.fake_nvml and not os.path.isfile(conf.fake_nvml):
+        return missing_path(
+            PROG, what="fake-NVML scenario", path=conf.fake_nvml, flag="--fake-nvml", env="VGPU_DP_FAKE_NVML"
+        )
+    if not os.path.isdir(conf.plugin_dir):
+        return missing_path(
+            PROG,
+            what="kubelet device-plugins folder",
+            path=conf.plugin_dir,
+            flag="--plugin-dir",
+            env="VGPU_DP_PLUGIN_DIR",
+            hint="on a node the kubelet creates it; mount it into the plugin's pod",
+        )
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,7 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vgpu-device-plugin: {exc}", file=sys.stderr)
         return 2
     logs.configure(conf.log_level, conf.log_format)
-    pods = KubePodSource(_api(conf.kubeconfig))
+    missing = _missing_prerequisite(conf)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    try:
+        api = _api(conf.kubeconfig)
+    except k8s_config.ConfigException as exc:
+        print(
+            no_kube_api(
+                PROG, kubeconfig=conf.kubeconfig, reason=str(exc), flag="--kubeconfig", env="VGPU_DP_KUBECONFIG"
+            ),
+            file=sys.stderr,
+        )
+        return 2
+    pods = KubePodSource(api)
     plugin = Plugin(
         conf,
         nvml=_nvml(conf.fake_nvml),

@@ -18,9 +18,10 @@ import uvicorn
 
 from scheduler_extender.app import create_app
 from scheduler_extender.service import ExtenderService, ServiceOptions
-from scheduler_extender.settings import ExtenderSettings, SettingsError, load
+from scheduler_extender.settings import ENV_PREFIX, ExtenderSettings, SettingsError, load
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
+from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.placement import registry
 from vgpu.state import ClusterState
 
@@ -136,10 +137,22 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
     from scheduler_extender.requeue import Requeuer
     from scheduler_extender.sources.kube import KubeSource
 
-    if s.kubeconfig is not None:
-        config.load_kube_config(config_file=str(s.kubeconfig))
-    else:
-        config.load_incluster_config()
+    try:
+        if s.kubeconfig is not None:
+            config.load_kube_config(config_file=str(s.kubeconfig))
+        else:
+            config.load_incluster_config()
+    except config.ConfigException as exc:
+        raise MissingPrerequisite(
+            no_kube_api(
+                "vgpu-extender",
+                kubeconfig=str(s.kubeconfig or ""),
+                reason=str(exc),
+                flag="--kubeconfig",
+                env=ENV_PREFIX + "KUBECONFIG",
+                alternative="run with --source file --cluster-file PATH",
+            )
+        ) from exc
     api = client.CoreV1Api()
     metrics = ExtenderMetrics(state)
     requeuer = Requeuer(
@@ -156,6 +169,22 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
     reaper = threading.Thread(target=_reap, args=(service, s.bind_grace_seconds / 4), name="reaper", daemon=True)
     reaper.start()
     return service, source, election
+
+
+class MissingPrerequisite(Exception):
+    """The extender cannot start here (no apiserver, a missing file); the message says what to pass."""
+
+
+def _missing_file(s: ExtenderSettings) -> str | None:
+    """The first file setting (TLS certificate, key, CA, cluster file) that names no existing file."""
+    for name in type(s).model_fields:
+        value = getattr(s, name)
+        if name.endswith("_file") and isinstance(value, Path) and not value.is_file():
+            flag = "--" + name.replace("_", "-")
+            return missing_path(
+                "vgpu-extender", what=name.replace("_", " "), path=str(value), flag=flag, env=ENV_PREFIX + name.upper()
+            )
+    return None
 
 
 class Terminated(Exception):
@@ -183,8 +212,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure(settings.log_level, settings.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
+    missing = _missing_file(settings)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     try:
         service, _source, election = build_service(settings)
+    except MissingPrerequisite as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except (VgpuError, OSError) as exc:
         print(f"vgpu-extender: cannot load cluster state: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from vgpu import logs
+from vgpu.prerequisites import missing_path, no_kube_api
 from webhook import certs, config_load
 from webhook.admission import Settings
 from webhook.config import ConfigError, WebhookConfig
@@ -24,6 +25,30 @@ from webhook.server import Reviewer, create_app
 from webhook.tls import ReloadingTls
 
 log = logging.getLogger("webhook")
+PROG = "vgpu-webhook"
+
+
+class MissingPrerequisite(Exception):
+    """The webhook cannot start here (no certificate, no apiserver); the message says what to pass."""
+
+
+def _api_client(kubeconfig: str, *, env: str = "", alternative: str = "") -> object:
+    """A Kubernetes ApiClient from `kubeconfig`, or in-cluster; MissingPrerequisite when neither loads."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    try:
+        if kubeconfig:
+            return kube_config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        configuration = client.Configuration()
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    except kube_config.ConfigException as exc:
+        raise MissingPrerequisite(
+            no_kube_api(
+                PROG, kubeconfig=kubeconfig, reason=str(exc), flag="--kubeconfig", env=env, alternative=alternative
+            )
+        ) from exc
 
 
 def make_inventory(cfg: WebhookConfig) -> InventorySource:
@@ -32,14 +57,12 @@ def make_inventory(cfg: WebhookConfig) -> InventorySource:
     if cfg.inventory_source == "static":
         return StaticInventory(max_gpu_memory_mib=cfg.max_gpu_memory_mib, max_gpus_per_node=cfg.max_gpus_per_node)
     from kubernetes import client
-    from kubernetes import config as kube_config
 
-    if cfg.kubeconfig:
-        api_client = kube_config.new_client_from_config(config_file=cfg.kubeconfig)  # type: ignore[no-untyped-call]
-    else:
-        configuration = client.Configuration()
-        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        api_client = client.ApiClient(configuration)
+    api_client = _api_client(
+        cfg.kubeconfig,
+        env=config_load.ENV_PREFIX + "KUBECONFIG",
+        alternative="--inventory-source static or none (no apiserver needed)",
+    )
     source = NodeAnnotationInventory(api=client.CoreV1Api(api_client))
     source.start()
     return source
@@ -58,9 +81,27 @@ def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: Colle
     return TlsServer(create_app(reviewer), tls, host=cfg.host, port=cfg.port)
 
 
+def _missing_certificate(cfg: WebhookConfig) -> str | None:
+    for what, path in (("TLS certificate", cfg.cert_file), ("TLS key", cfg.key_file)):
+        if not os.path.isfile(path):
+            flag = "--cert-file" if what == "TLS certificate" else "--key-file"
+            env = config_load.ENV_PREFIX + flag[2:].replace("-", "_").upper()
+            hint = "the apiserver calls webhooks over HTTPS only; for development: vgpu-webhook gen-certs --dir DIR"
+            return missing_path(PROG, what=what, path=path, flag=flag, env=env, hint=hint)
+    return None
+
+
 def serve(cfg: WebhookConfig) -> int:
     logs.configure(cfg.log_level, cfg.log_format)
-    inventory = make_inventory(cfg)
+    missing = _missing_certificate(cfg)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    try:
+        inventory = make_inventory(cfg)
+    except MissingPrerequisite as exc:
+        print(exc, file=sys.stderr)
+        return 2
     server = build_server(cfg, inventory, CollectorRegistry())
     log.info("serving AdmissionReviews on https://%s:%d (scheduler %s)", cfg.host, server.port, cfg.scheduler_name)
     try:
@@ -80,17 +121,15 @@ def gen_certs(args: argparse.Namespace) -> int:
 
 def install_certs(args: argparse.Namespace) -> int:
     from kubernetes import client
-    from kubernetes import config as kube_config
 
     from webhook import cert_job
 
     logs.configure()
-    if args.kubeconfig:
-        api_client = kube_config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    else:
-        configuration = client.Configuration()
-        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        api_client = client.ApiClient(configuration)
+    try:
+        api_client = _api_client(args.kubeconfig)
+    except MissingPrerequisite as exc:
+        print(exc, file=sys.stderr)
+        return 2
     issued = cert_job.install(
         core=client.CoreV1Api(api_client),
         admission=client.AdmissionregistrationV1Api(api_client),

@@ -1,6 +1,9 @@
 """A scenario-driven fake of the pynvml functions in NvmlBackend, raising the real pynvml.NVMLError_* classes.
 
-Scenario (YAML or dict), times in seconds on the fake's clock (`advance()` moves it; tests never sleep):
+Scenario (YAML or dict), times in seconds on the fake's clock. The clock is manual by default (`advance()`
+moves it; tests never sleep); `FakeNvml(scenario, clock=time.monotonic)` (what `vgpu-device-plugin
+--fake-nvml` uses) makes it follow wall time from construction, so a scenario's XIDs, process timelines and
+injected errors play out on their own; `advance()` then skips ahead on top of wall time.
 
     driver: "550.54.15"
     library: present            # or "missing" -> nvmlInit raises NVMLError_LibraryNotFound
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,8 +150,10 @@ def _expand_gpus(raw: list[Mapping[str, Any]]) -> list[FakeGpu]:
 class FakeNvml:
     """Implements NvmlBackend. Thread-safe; nvmlEventSetWait wakes on inject_xid() or advance()."""
 
-    def __init__(self, scenario: Mapping[str, Any]) -> None:
-        self.now = 0.0
+    def __init__(self, scenario: Mapping[str, Any], *, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
+        self._origin = clock() if clock is not None else 0.0
+        self._skipped = 0.0  # what advance() added
         self.driver = str(scenario.get("driver", "550.54.15"))
         self.library_present = scenario.get("library", "present") != "missing"
         self.gpus = _expand_gpus(list(scenario.get("gpus", [])))
@@ -173,14 +178,20 @@ class FakeNvml:
         self._cond = threading.Condition()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(yaml.safe_load(Path(path).read_text()))
+    def from_file(cls, path: str | Path, *, clock: Callable[[], float] | None = None) -> FakeNvml:
+        return cls(yaml.safe_load(Path(path).read_text()), clock=clock)
+
+    @property
+    def now(self) -> float:
+        """Seconds on the scenario's timeline: advance()d time, plus wall time since start with a clock."""
+        wall = self._clock() - self._origin if self._clock is not None else 0.0
+        return wall + self._skipped
 
     # --- scenario control -------------------------------------------------------------------------
 
     def advance(self, seconds: float) -> None:
         with self._cond:
-            self.now += seconds
+            self._skipped += seconds
             self._cond.notify_all()
 
     def inject_xid(self, gpu: int, xid: int) -> None:
@@ -331,11 +342,19 @@ class FakeNvml:
         with self._cond:
             due = self._pop_due(eventSet)
             if due is None:
-                self._cond.wait(timeout=timeoutms / 1000)
+                self._cond.wait(timeout=self._wait_s(eventSet, timeoutms / 1000))
                 due = self._pop_due(eventSet)
         if due is None:
             raise real.error(real.NVML_ERROR_TIMEOUT)
         return due
+
+    def _wait_s(self, event_set: _EventSet, timeout_s: float) -> float:
+        """How long to wait for an XID: the whole timeout on the manual clock (advance() wakes the waiter);
+        on wall time, only until the next XID of a registered GPU falls due."""
+        if self._clock is None:
+            return timeout_s
+        due = [t for t, gpu, _ in self.xids if gpu in event_set.handles]
+        return min([timeout_s, *(max(0.0, t - self.now) for t in due)])
 
     def _pop_due(self, event_set: _EventSet) -> Event | None:
         for i, (t, gpu, xid) in enumerate(self.xids):
