@@ -67,6 +67,7 @@ class Plugin:
             pods=pods,
             kubelet=kubelet,
             settings=EnvSettings(mps=config.mps, cache_dir_on_host=config.cache_dir_on_host),
+            names=config.resource_names(),
             retry_s=config.allocate_retry_s,
         )
         self.publisher = InventoryPublisher(

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from device_plugin.watchdog.ladder import parse_steps
+from vgpu.config import ResourceNames
 
 VERSION = "v1"
 ENV_PREFIX = "VGPU_DP_"
@@ -21,6 +22,12 @@ ENV_PREFIX = "VGPU_DP_"
 class PluginConfig:
     node_name: str = ""
     resource_name: str = "nvidia.com/gpu"
+    # The other request names, as the extender's `resources` settings: Allocate checks an assignment against
+    # what the pod's requests resolve to (docs/device-plugin.md, "What is checked before serving").
+    resource_memory: str = "nvidia.com/gpumem"
+    resource_memory_percentage: str = "nvidia.com/gpumem-percentage"
+    resource_cores: str = "nvidia.com/gpucores"
+    resource_priority: str = "nvidia.com/priority"
     split_count: int = 10
     plugin_dir: str = "/var/lib/kubelet/device-plugins"
     socket_name: str = "vgpu.sock"
@@ -57,6 +64,11 @@ class PluginConfig:
     def validate(self) -> PluginConfig:
         if not self.node_name:
             raise ValueError("node_name is required (flag --node-name, env VGPU_DP_NODE_NAME or NODE_NAME)")
+        names = self.resource_names().all()
+        if not all(names) or len(set(names)) != len(names):
+            raise ValueError(f"resource names must be non-empty and distinct, got {list(names)}")
+        if not self.cache_dir_on_host.startswith("/") or ".." in self.cache_dir_on_host.split("/"):
+            raise ValueError(f"cache_dir_on_host must be an absolute path without '..', got {self.cache_dir_on_host!r}")
         if not 1 <= self.split_count <= 100:
             raise ValueError(f"split_count must be 1..100, got {self.split_count}")
         if not 0.1 <= self.watchdog_interval_s <= 60:
@@ -72,6 +84,15 @@ class PluginConfig:
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         return self
+
+    def resource_names(self) -> ResourceNames:
+        return ResourceNames(
+            count=self.resource_name,
+            memory=self.resource_memory,
+            memory_percentage=self.resource_memory_percentage,
+            cores=self.resource_cores,
+            priority=self.resource_priority,
+        )
 
 
 def _coerce(name: str, raw: Any) -> Any:
@@ -91,6 +112,10 @@ def _coerce(name: str, raw: Any) -> Any:
 _HELP = {
     "node_name": "this node's name (also NODE_NAME from the downward API)",
     "resource_name": "extended resource advertised to the kubelet",
+    "resource_memory": "request name for slice memory in MiB (as the extender's resources.memory)",
+    "resource_memory_percentage": "request name for slice memory in percent (as the extender's)",
+    "resource_cores": "request name for the SM share in percent (as the extender's resources.cores)",
+    "resource_priority": "request name for the priority (as the extender's resources.priority)",
     "split_count": "slices (device replicas) advertised per GPU",
     "plugin_dir": "kubelet device-plugins folder (our socket and kubelet.sock)",
     "socket_name": "our socket's file name in plugin_dir",

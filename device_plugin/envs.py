@@ -1,10 +1,16 @@
-"""What a container gets for its slice: HAMi-core compatible limits, MPS limits and mounts. Pure."""
+"""What a container gets for its slice: HAMi-core compatible limits, MPS limits and mounts. Pure.
+
+Host paths are built only from the operator's settings, the pod UID (checked to be a UUID) and the container's
+position in the assignment — never from a name a pod author wrote (docs/device-plugin.md, "What is checked").
+"""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 
 from vgpu.annotations import ContainerAssignment
+from vgpu.assignment_check import is_dns1123_label, is_pod_uid, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +38,26 @@ class EnvSettings:
     mps_log_dir: str = "/var/log/nvidia-mps"
 
 
+def cache_dir_on_host(settings: EnvSettings, *, pod_uid: str, index: int) -> str:
+    """`<cache_dir_on_host>/<pod uid>_<index>`: a direct child of the configured folder, or ValueError."""
+    if not is_pod_uid(pod_uid):
+        raise ValueError(f"pod UID {shown(pod_uid)} is not a UUID; no host path is built from it")
+    if index < 0:
+        raise ValueError(f"container index must be >= 0, got {index}")
+    base = posixpath.normpath(settings.cache_dir_on_host)
+    path = posixpath.join(base, f"{pod_uid}_{index}")
+    if posixpath.dirname(path) != base:  # cannot happen with a UUID and an int; kept as the invariant
+        raise ValueError(f"host path {path!r} is not directly under {base!r}")
+    return path
+
+
 def container_slice(
-    c: ContainerAssignment, *, namespace: str, pod: str, pod_uid: str, settings: EnvSettings
+    c: ContainerAssignment, *, namespace: str, pod: str, pod_uid: str, index: int, settings: EnvSettings
 ) -> ContainerSlice:
-    """Env and mounts for one container. Device order is the assignment's, so CUDA device i ↔ limit _i.
-    cores 0 (best effort) sets no SM limit."""
+    """Env and mounts for one container (`index`: its position in the assignment). Device order is the
+    assignment's, so CUDA device i ↔ limit _i. cores 0 (best effort) sets no SM limit."""
+    if not is_dns1123_label(c.name):
+        raise ValueError(f"container name {shown(c.name)} is not a DNS-1123 label")
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in c.devices)}
     for i, d in enumerate(c.devices):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.memory_mib}m"
@@ -44,7 +65,7 @@ def container_slice(
     if cores > 0:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(cores)
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{settings.cache_dir_in_container}/vgpu.cache"
-    mounts = [Mount(settings.cache_dir_in_container, f"{settings.cache_dir_on_host}/{pod_uid}_{c.name}")]
+    mounts = [Mount(settings.cache_dir_in_container, cache_dir_on_host(settings, pod_uid=pod_uid, index=index))]
     if settings.mps:
         if cores > 0:
             envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cores)

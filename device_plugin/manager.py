@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 from device_plugin.envs import ContainerSlice, EnvSettings, container_slice
 from device_plugin.health import GpuHealth, HealthBoard
-from device_plugin.matching import Candidate, MatchError, match, preferred
+from device_plugin.matching import Candidate, MatchError, holding, match, preferred
 from device_plugin.pods import KubeletPods, KubeletView, PodRecord, PodSource
 from device_plugin.replicas import replica_ids
 from vgpu import annotations as ann
+from vgpu.assignment_check import AssignmentRefused, NodeGpus, check_assignment
+from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.devices import GpuDevice
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class DeviceManager:
         pods: PodSource,
         kubelet: KubeletPods | None,
         settings: EnvSettings = EnvSettings(),
+        names: ResourceNames | None = None,
+        defaults: RequestDefaults = RequestDefaults(),
         retry_s: float = 2.0,
         retry_interval_s: float = 0.25,
         sleep: Callable[[float], None] = time.sleep,
@@ -57,6 +61,10 @@ class DeviceManager:
         self.pods = pods
         self.kubelet = kubelet
         self.settings = settings
+        # The extender's resource names and request defaults: an assignment is checked against what the
+        # pod's requests resolve to with them (vgpu.assignment_check).
+        self.names = names if names is not None else ResourceNames(count=resource)
+        self.defaults = defaults
         self.retry_s = retry_s
         self.retry_interval_s = retry_interval_s
         self.sleep = sleep
@@ -93,33 +101,70 @@ class DeviceManager:
             )
 
     def allocate(self, requests: list[list[str]]) -> list[ContainerSlice]:
-        """One slice per container request, or AllocationError naming why no single pod could be named.
-        Empty/ambiguous results are re-read for up to retry_s (the kubelet view and the LIST may lag)."""
+        """One slice per container request, or AllocationError naming why no single pod could be named or
+        why its assignment is refused. Empty/ambiguous results are re-read for up to retry_s (the kubelet
+        view and the LIST may lag); a refused assignment is not (re-reading would not change it)."""
         with self._lock:
             out: list[ContainerSlice] = []
             for ids in requests:
                 cand = self._match_with_retry(ids)
-                self._served[(cand.pod.uid, cand.container.name)] = tuple(ids)
-                out.append(
-                    container_slice(
+                assert cand.pod.assignment is not None
+                try:
+                    served = container_slice(
                         cand.container,
                         namespace=cand.pod.namespace,
                         pod=cand.pod.name,
                         pod_uid=cand.pod.uid,
+                        index=cand.pod.assignment.containers.index(cand.container),
                         settings=self.settings,
                     )
-                )
+                except ValueError as exc:  # vet() refuses these first; never serve a path we could not build
+                    raise AllocationError(f"vGPU Allocate refused: pod {cand.pod.key}: {exc}") from None
+                self._served[(cand.pod.uid, cand.container.name)] = tuple(ids)
+                out.append(served)
                 log.info("Allocate %s -> %s[%s]", ids, cand.pod.key, cand.container.name)
                 if self._pod_done(cand.pod):
                     self._patches.put(cand.pod)
             return out
+
+    def node_gpus(self) -> NodeGpus:
+        """This node's GPUs and which are unhealthy now (discovery or the health board)."""
+        _, health = self.board.snapshot()
+        unhealthy: dict[str, str] = {}
+        for g in self.gpus:
+            h = health.get(g.uuid, GpuHealth(False, "no health reported"))
+            if not g.healthy or not h.healthy:
+                unhealthy[g.uuid] = h.reason or "unhealthy at discovery"
+        return NodeGpus(node=self.node, gpus={g.uuid: g for g in self.gpus}, unhealthy=unhealthy)
+
+    def vet(self, cand: Candidate, pods: list[PodRecord], view: KubeletView | None) -> None:
+        """vgpu.assignment_check on the candidate's whole pod, counting every assignment held on the node."""
+        pod = cand.pod
+        assert pod.assignment is not None
+        check_assignment(
+            pod.assignment,
+            pod.spec,
+            pod=pod.key,
+            pod_uid=pod.uid,
+            node=self.node_gpus(),
+            held=holding(pods, node=self.node, kubelet=view, served=self._served.keys(), exclude_uid=pod.uid),
+            names=self.names,
+            defaults=self.defaults,
+        )
 
     def _match_with_retry(self, ids: list[str]) -> Candidate:
         deadline = time.monotonic() + self.retry_s
         while True:
             try:
                 pods, view = self._inputs()
-                return match(ids, pods, node=self.node, kubelet=view, served=self._served.keys())
+
+                def vet(cand: Candidate, pods: list[PodRecord] = pods, view: KubeletView | None = view) -> None:
+                    self.vet(cand, pods, view)
+
+                return match(ids, pods, node=self.node, kubelet=view, served=self._served.keys(), vet=vet)
+            except AssignmentRefused as exc:
+                log.warning("pod %s: assignment refused: %s", exc.pod, exc)
+                raise AllocationError(f"vGPU Allocate refused: {exc}") from None
             except MatchError as exc:
                 if time.monotonic() >= deadline:
                     raise AllocationError(f"vGPU Allocate refused: {exc}") from None

@@ -6,17 +6,19 @@ GetPreferredAllocation then Allocate for each. So the pod being allocated is one
   (b) is known to the kubelet (PodResources List) — pods bound but not yet handed to the kubelet are not,
   (c) still has an unserved GPU container (not in PodResources with our devices, not served by us);
 only its first unserved container is eligible. If that leaves exactly one pod, it is the one; otherwise
-nobody is guessed. The request's physical GPU set must then equal the container's assigned set.
+nobody is guessed. The pod's assignment is then vetted (vgpu.assignment_check, through `vet`) and the
+request's physical GPU set must equal the container's assigned set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
 from device_plugin.pods import KubeletView, PodRecord
 from device_plugin.replicas import gpu_of
 from vgpu.annotations import BindPhase, ContainerAssignment
+from vgpu.assignment_check import Held
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -80,6 +82,34 @@ def eligible(
     return [c for c in every if len(c.gpus) == size]
 
 
+def holding(
+    pods: Iterable[PodRecord],
+    *,
+    node: str,
+    kubelet: KubeletView | None,
+    served: Set[tuple[str, str]],
+    exclude_uid: str,
+) -> list[Held]:
+    """Assignments that hold slices on this node now, as the extender counts them: not Succeeded/Failed and
+    bind-phase `allocated` (the apiserver's record, which survives our restarts), or served by this process,
+    or holding our devices in the kubelet (served by a process that died before patching `allocated`)."""
+    out: list[Held] = []
+    for pod in pods:
+        a = pod.assignment
+        if a is None or pod.uid == exclude_uid or a.node != node or pod.node not in ("", node):
+            continue
+        if pod.phase in TERMINAL_PHASES:
+            continue
+        names = [c.name for c in a.containers]
+        if (
+            pod.bind_phase == BindPhase.ALLOCATED
+            or any((pod.uid, n) in served for n in names)
+            or (kubelet is not None and any(kubelet.devices.get((pod.key, n)) for n in names))
+        ):
+            out.append(Held(pod.key, a))
+    return out
+
+
 def _describe(cands: list[Candidate]) -> str:
     return ", ".join(f"{c.pod.key}[{c.container.name}] on {','.join(c.gpus)}" for c in cands) or "none"
 
@@ -91,8 +121,10 @@ def match(
     node: str,
     kubelet: KubeletView | None,
     served: Set[tuple[str, str]],
+    vet: Callable[[Candidate], None] | None = None,
 ) -> Candidate:
-    """The one container the kubelet is allocating `device_ids` for, or MatchError."""
+    """The one container the kubelet is allocating `device_ids` for, or MatchError. `vet` sees the named
+    candidate before its GPUs are compared with the request (its own error, e.g. a foreign GPU, is clearer)."""
     try:
         requested = {gpu_of(i) for i in device_ids}
     except ValueError as exc:
@@ -108,6 +140,8 @@ def match(
     if len({c.pod.uid for c in cands}) > 1:
         raise MatchError(f"ambiguous: {len(cands)} pods may be in admission: {_describe(cands)}; refusing to guess")
     cand = cands[0]
+    if vet is not None:
+        vet(cand)
     if set(cand.gpus) != requested:
         raise MatchError(
             f"kubelet picked GPUs {sorted(requested)} but {cand.pod.key}[{cand.container.name}] is assigned "

@@ -33,10 +33,26 @@ class PodRecord:
     container_ids: tuple[tuple[str, str], ...] = ()
     pod_ip: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    # The pod as JSON, trimmed to what Allocate checks the assignment against (vgpu.assignment_check):
+    # {"spec": {"containers"/"initContainers": [{"name", "resources"}]}}.
+    spec: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def trimmed_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the containers' names and resources: what vgpu.requests reads, nothing else kept per pod."""
+    spec = pod.get("spec") or {}
+    out: dict[str, Any] = {}
+    for section in ("containers", "initContainers"):
+        items = spec.get(section) if isinstance(spec, Mapping) else None
+        if isinstance(items, list):
+            out[section] = [
+                {"name": c.get("name"), "resources": c.get("resources") or {}} for c in items if isinstance(c, Mapping)
+            ]
+    return {"spec": out}
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
@@ -72,6 +88,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         container_ids=container_ids,
         pod_ip=str(status.get("podIP") or ""),
         labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
+        spec=trimmed_spec(pod),
     )
 
 

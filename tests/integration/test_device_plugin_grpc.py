@@ -21,6 +21,7 @@ from device_plugin.pods import PodRecord
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.kubelet import FakeKubelet
 from device_plugin.testing.pods import MemoryPods
+from device_plugin.testing.workload import placed_pods
 from vgpu import annotations as ann
 
 NODE = "gpu-node-1"
@@ -72,37 +73,13 @@ def rig() -> Iterator[Rig]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def make_pods(uuids: list[str], n: int, seed: int) -> list[PodRecord]:
-    """n pods with 1-2 GPU containers of 1-2 vGPUs each, never more than 10 holders (the split) per GPU."""
-    rng = random.Random(seed)
-    holders = dict.fromkeys(uuids, 0)
-    pods = []
-    for i in range(n):
-        containers = []
-        for c in range(1 if rng.random() < 0.8 else 2):
-            count = 1 if rng.random() < 0.8 else 2
-            gpus = sorted(holders, key=lambda u: (holders[u], rng.random()))[:count]
-            rng.shuffle(gpus)
-            for u in gpus:
-                holders[u] += 1
-            devices = tuple(
-                ann.DeviceSlice(u, uuids.index(u), rng.choice([4096, 8192, 10240, 20480]), rng.choice([0, 10, 25, 40]))
-                for u in gpus
-            )
-            containers.append(ann.ContainerAssignment(f"c{c}", devices))
-        assert max(holders.values()) <= 10
-        pods.append(
-            PodRecord(
-                namespace="llm",
-                name=f"pod-{i:02d}",
-                uid=f"uid-{i:02d}",
-                node=NODE,
-                bind_phase=ann.BindPhase.ALLOCATING,
-                bind_time=f"2026-01-01T00:00:{i:02d}Z",
-                assignment=ann.Assignment(node=NODE, containers=tuple(containers)),
-            )
-        )
-    return pods
+def make_pods(rig: Rig, n: int, seed: int) -> list[PodRecord]:
+    """n pods with 1-2 GPU containers of 1-2 vGPUs each, as the extender would place them: specs that resolve
+    to the assignments, never over a GPU's memory, cores or split (device_plugin.testing.workload)."""
+    return [
+        p.record(namespace="llm", node=NODE, bind_time=f"2026-01-01T00:00:{i:02d}Z")
+        for i, p in enumerate(placed_pods(rig.plugin.gpus, n, seed, node=NODE))
+    ]
 
 
 def assert_env_matches(resp_envs: dict[str, str], c: ann.ContainerAssignment) -> None:
@@ -142,7 +119,7 @@ def test_publishes_node_inventory(rig: Rig) -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fifty_pending_pods_each_get_their_own_slice_in_any_order(rig: Rig, seed: int) -> None:
-    pods = make_pods(rig.uuids(), 50, seed)
+    pods = make_pods(rig, 50, seed)
     for p in pods:
         rig.pods.add(p)
     order = list(pods)
@@ -154,7 +131,9 @@ def test_fifty_pending_pods_each_get_their_own_slice_in_any_order(rig: Rig, seed
 
 
 def test_pod_without_assignment_is_refused_with_a_clear_error(rig: Rig) -> None:
-    rig.pods.add(make_pods(rig.uuids(), 2, 9)[1])  # someone else's pending pod with a different shape/gpus
+    # someone else's pending pod, whose first container has another shape (2 vGPUs)
+    other = next(p for p in make_pods(rig, 20, 9) if p.assignment and len(p.assignment.containers[0].devices) == 2)
+    rig.pods.add(other)
     with pytest.raises(grpc.RpcError) as info:
         rig.kubelet.admit("default/stranger", [("main", 1)])
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -179,7 +158,7 @@ def test_critical_xid_turns_replicas_unhealthy_and_updates_inventory(rig: Rig) -
 
 
 def test_kubelet_restart_reregisters_within_five_seconds(rig: Rig) -> None:
-    pods = make_pods(rig.uuids(), 6, 4)
+    pods = make_pods(rig, 6, 4)
     for p in pods:
         rig.pods.add(p)
     admit(rig, pods[0])
@@ -193,7 +172,7 @@ def test_kubelet_restart_reregisters_within_five_seconds(rig: Rig) -> None:
 
 
 def test_plugin_restart_rebuilds_from_apiserver_and_kubelet(rig: Rig) -> None:
-    pods = make_pods(rig.uuids(), 20, 5)
+    pods = make_pods(rig, 20, 5)
     for p in pods:
         rig.pods.add(p)
     for p in pods[:10]:
