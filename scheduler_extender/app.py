@@ -1,7 +1,10 @@
 """The HTTP surface: kube-scheduler's POST verbs plus health, readiness and metrics.
 
 Handlers only convert: bytes -> wire model -> service -> JSON. Malformed bodies get a 400 naming the
-problem; the service keeps serving.
+problem; the service keeps serving. Who may call is decided below HTTP: with --client-ca-file the TLS
+handshake already refused every client without a certificate our CA signed (scheduler_extender.main).
+`create_health_app` is the plain-HTTP side for kubelet probes and Prometheus, which present no client
+certificate: it carries nothing that changes or reveals allocations beyond the metrics.
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ async def _read(request: Request, verb: str, model: type[BaseModel]) -> Any:
         raise BadRequest(f"{verb}: invalid {model.__name__}: {problems}") from None
 
 
-def create_app(service: ExtenderService) -> Starlette:
+def create_app(service: ExtenderService, *, state: bool = False, probes: bool = True) -> Starlette:
+    """The verbs; `/state` only with `state` (--enable-state); health, readiness and metrics with `probes`
+    (off when --health-port serves them on their own port)."""
+
     def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any], *, threaded: bool = False) -> Route:
         hist = service.metrics.latency.labels(verb)
 
@@ -72,6 +78,36 @@ def create_app(service: ExtenderService) -> Starlette:
 
         return Route(f"/{verb}", handler, methods=["POST"])
 
+    async def state_view(request: Request) -> Response:
+        """Who holds which slice, in the cluster-file format (`vgpu show` reads it)."""
+        with service.lock:
+            nodes = [n.inventory for n in service.state.nodes.values()]
+            doc = dump_cluster(nodes, sorted(service.state.assignments.items()))
+        return _json(doc)
+
+    async def state_off(request: Request) -> Response:
+        return PlainTextResponse(
+            "/state is off: start the extender with --enable-state to list allocations (behind the same mTLS)",
+            status_code=404,
+        )
+
+    routes = [
+        verb_route("filter", schema.ExtenderArgs, service.filter),
+        verb_route("prioritize", schema.ExtenderArgs, service.prioritize),
+        verb_route("bind", schema.ExtenderBindingArgs, service.bind, threaded=True),
+        Route("/state", state_view if state else state_off),
+    ]
+    if probes:
+        routes += _probe_routes(service)
+    return Starlette(routes=routes)
+
+
+def create_health_app(service: ExtenderService) -> Starlette:
+    """Only /healthz, /readyz and /metrics, for --health-port (plain HTTP)."""
+    return Starlette(routes=_probe_routes(service))
+
+
+def _probe_routes(service: ExtenderService) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -82,25 +118,9 @@ def create_app(service: ExtenderService) -> Starlette:
             return PlainTextResponse("ok")
         return PlainTextResponse("state not synced yet", status_code=503)
 
-    async def state(request: Request) -> Response:
-        """Who holds which slice, in the cluster-file format (`vgpu show` reads it)."""
-        with service.lock:
-            nodes = [n.inventory for n in service.state.nodes.values()]
-            doc = dump_cluster(nodes, sorted(service.state.assignments.items()))
-        return _json(doc)
-
     async def metrics(request: Request) -> Response:
         with service.lock:
             body = generate_latest(service.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    routes = [
-        verb_route("filter", schema.ExtenderArgs, service.filter),
-        verb_route("prioritize", schema.ExtenderArgs, service.prioritize),
-        verb_route("bind", schema.ExtenderBindingArgs, service.bind, threaded=True),
-        Route("/healthz", healthz),
-        Route("/readyz", readyz),
-        Route("/metrics", metrics),
-        Route("/state", state),
-    ]
-    return Starlette(routes=routes)
+    return [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -16,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from scheduler_extender.app import create_app
+from scheduler_extender.app import create_app, create_health_app
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ENV_PREFIX, ExtenderSettings, SettingsError, load
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
-from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.placement import registry
+from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.state import ClusterState
 
 if TYPE_CHECKING:
@@ -42,6 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="listen port (default 8888)")
     p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this PEM certificate")
     p.add_argument("--tls-key-file", type=Path, help="PEM private key for --tls-cert-file")
+    sec = p.add_argument_group("client authentication", "who may call the verbs (docs/extender.md, Security)")
+    sec.add_argument(
+        "--client-ca-file", type=Path, metavar="PEM", help="require client certificates signed by this CA (mTLS)"
+    )
+    sec.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="kube source without client certificates: anyone reaching the port can bind (development only)",
+    )
+    sec.add_argument(
+        "--health-port", type=int, metavar="PORT", help="plain-HTTP port with only /healthz, /readyz and /metrics"
+    )
+    sec.add_argument(
+        "--enable-state", action="store_true", default=None, help="serve GET /state on --port (off by default)"
+    )
     p.add_argument(
         "--source", choices=["kube", "file"], help="cluster state from the apiserver or a file (default kube)"
     )
@@ -98,13 +115,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
+    """HTTPS, and with --client-ca-file mutual TLS: CERT_REQUIRED makes the handshake itself fail for a client
+    without a certificate our CA signed, so no request of it ever reaches a handler."""
     if s.tls_cert_file is None:
         return {}
-    return {
+    out: dict[str, object] = {
         "ssl_certfile": str(s.tls_cert_file),
         "ssl_keyfile": str(s.tls_key_file),
         "ssl_version": ssl.PROTOCOL_TLS_SERVER,
     }
+    if s.client_ca_file is not None:
+        out |= {"ssl_ca_certs": str(s.client_ca_file), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return out
+
+
+def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvicorn.Server | None:
+    """--health-port: /healthz, /readyz and /metrics over plain HTTP in a thread. A kubelet HTTPS probe presents no
+    client certificate (kubernetes pkg/probe/http/http.go, New(): a tls.Config with InsecureSkipVerify and no
+    Certificates), so probes cannot go through the mTLS port."""
+    if s.health_port is None:
+        return None
+    config = uvicorn.Config(
+        create_health_app(service), host=s.address, port=s.health_port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)  # off the main thread uvicorn installs no signal handlers
+    threading.Thread(target=server.run, name="health-server", daemon=True).start()
+    return server
 
 
 def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, Election | None]:
@@ -124,6 +160,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         assert s.cluster_file is not None
         nodes = load_cluster_file(s.cluster_file, state)
         binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
+        options = dataclasses.replace(options, pods_from_filter=True)  # no apiserver to read pods from
         service = ExtenderService(state, binder, options=options, lock=lock)
         service.ready.set()
         return service, None, None
@@ -210,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"vgpu-extender: {exc}", file=sys.stderr)
         return 2
+    problem = settings.serving_problem()
+    if problem is not None:
+        print(f"vgpu-extender: {problem}", file=sys.stderr)
+        return 2
     configure(settings.log_level, settings.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack
     missing = _missing_file(settings)
@@ -230,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             "address": settings.address,
             "port": settings.port,
             "tls": settings.tls_cert_file is not None,
+            "client_auth": settings.client_ca_file is not None,
+            "health_port": settings.health_port,
             "source": settings.source,
             "policy": settings.node_policy,
         },
@@ -237,9 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn shuts down gracefully on SIGTERM and then raises the signal again for the handler it found: this one,
     # so the lease is released below instead of the process dying on the default action.
     signal.signal(signal.SIGTERM, _terminated)
+    if settings.source == "kube" and settings.client_ca_file is None:
+        log.warning("serving the verbs WITHOUT client authentication (--allow-unauthenticated): anyone can bind")
+    health = _start_health_server(settings, service)
     try:
         uvicorn.run(
-            create_app(service),
+            create_app(service, state=settings.enable_state, probes=health is None),
             host=settings.address,
             port=settings.port,
             log_level="warning",
@@ -249,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         log.info("stopped by SIGTERM")
     finally:
+        if health is not None:
+            health.should_exit = True
         if election is not None:
             election.release()
     if election is not None and election.lost.is_set():

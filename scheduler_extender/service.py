@@ -42,6 +42,9 @@ class ServiceOptions:
     # first picture (LEARN_BOOTSTRAP pods): each relearn re-scores every node once for every active pod
     # shape (~0.5 s a shape at 5,000 nodes, on the request path), so it is kept to once a minute.
     relearn_interval_s: float = 60.0
+    # The file source has no apiserver to read a pod from: /bind then takes the pod /filter last saw under that
+    # namespace/name. Never with the kube source, where /bind reads the pod from the apiserver (docs/extender.md).
+    pods_from_filter: bool = False
 
 
 LEARN_BOOTSTRAP = 16
@@ -77,6 +80,7 @@ class ExtenderService:
         )
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._parsed: dict[str, tuple[dict[str, Any], PodInfo]] = {}  # UID -> the pod last parsed, its parse
+        self._filtered: OrderedDict[str, dict[str, Any]] = OrderedDict()  # key -> pod; only with pods_from_filter
         self.ready = threading.Event()
         # Set while this replica may serve the verbs: always without leader election; with it, only while it leads
         # (scheduler_extender.leader). `leader` names the holder for a standby's refusals.
@@ -120,6 +124,12 @@ class ExtenderService:
         uid = str(meta.get("uid") or "")
         if not uid:
             return False
+        if self.options.pods_from_filter:
+            key = pod_key(pod)
+            self._filtered[key] = pod
+            self._filtered.move_to_end(key)
+            if len(self._filtered) > _RECENT_PODS:
+                self._filtered.popitem(last=False)
         new = uid not in self._recent and uid not in self._seeded
         self._recent[uid] = pod
         self._recent.move_to_end(uid)
@@ -217,9 +227,10 @@ class ExtenderService:
     def _release_stale(self, info: PodInfo) -> None:
         if self.sync.unbound and self.sync.expire_unbound():
             self._capacity_freed()
-        held = info.key in self.state.assignments or info.key in self.state.orphans
-        if held and not info.node_name and info.key not in self.inflight:
-            # Being scheduled again, so a previous bind of it failed: its reservation is stale.
+        if info.key in self.sync.unbound and not info.node_name and info.key not in self.inflight:
+            # Being scheduled again, so a previous bind of it failed: its reservation is stale. Only an unbound
+            # reservation: a /filter body naming a bound pod never frees that pod's slices.
+            del self.sync.unbound[info.key]
             self.state.release(info.key)
 
     def _evaluate(self, info: PodInfo, names: list[str]) -> Evaluation:
@@ -295,19 +306,27 @@ class ExtenderService:
         return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
+        """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
+        read fresh (GET), the UID must match PodUID, and a pod that is bound already or holds a live assignment
+        is refused with nothing changed (no assignment written or deleted, no slice freed)."""
         key = f"{args.PodNamespace}/{args.PodName}"
         started = time.perf_counter()
-        pod = self._recent.get(args.PodUID) if args.PodUID else None
-        if pod is None:
-            try:
-                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
-            except Exception as exc:
-                return self._bind_failed(key, args.Node, f"cannot read the pod: {exc}")
+        try:
+            pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+        except Exception as exc:
+            return self._bind_failed(key, args.Node, f"cannot read the pod from the apiserver: {exc}")
+        if pod is None and self.options.pods_from_filter:
+            pod = self._filtered.get(key)
         if pod is None:
             return self._bind_failed(key, args.Node, "pod not found")
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if args.PodUID and uid and uid != args.PodUID:
-            return self._bind_failed(key, args.Node, f"pod UID changed ({args.PodUID} -> {uid}); it was recreated")
+        if args.PodUID and uid != args.PodUID:
+            return self._bind_failed(
+                key, args.Node, f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused"
+            )
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            return self._bind_failed(key, args.Node, f"already bound to {bound_to}; a bound pod is never bound again")
         try:
             info = self._parse(pod)
         except (RequestError, UnknownPolicyError) as exc:
@@ -316,8 +335,14 @@ class ExtenderService:
         with self.lock:
             if key in self.inflight:
                 return self._bind_failed(key, args.Node, "a bind of this pod is already in progress")
-            if key in self.state.assignments or key in self.state.orphans:
-                self.state.release(key)
+            held = self.state.assignments.get(key) or self.state.orphans.get(key)
+            if held is not None:
+                return self._bind_failed(
+                    key,
+                    args.Node,
+                    f"it holds a live assignment on {held.node}; refused until that is released "
+                    f"(the pod is deleted, its bind fails, or its reservation expires after {self.options.bind_grace_s:g} s)",
+                )
             if not info.request.is_empty:
                 try:
                     result = self.planner.evaluate_node(args.Node, info)
@@ -331,6 +356,7 @@ class ExtenderService:
                     self.state.apply(key, assignment)
                 except CapacityError as exc:  # cannot happen after a fresh fit; keep it loud
                     return self._bind_failed(key, args.Node, str(exc))
+                self.sync.own_bind(key)
             self.inflight.add(key)
             self.metrics.inflight.set(len(self.inflight))
         try:
@@ -345,6 +371,7 @@ class ExtenderService:
                 self.metrics.inflight.set(len(self.inflight))
                 if assignment is not None:
                     self.state.release(key)
+                    self.sync.settle()
                     self._capacity_freed()  # others may have been rejected while this bind held the slices
             if assignment is not None:
                 try:

@@ -41,6 +41,23 @@ class ExtenderSettings(BaseModel):
     port: int = Field(default=8888, ge=1, le=65535, description="listen port")
     tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this certificate (PEM)")
     tls_key_file: Path | None = Field(default=None, description="private key of --tls-cert-file (PEM)")
+    client_ca_file: Path | None = Field(
+        default=None,
+        description="require a client certificate signed by this CA (PEM) for every request on --port (mTLS)",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="the kube source without client certificates: anyone who reaches the port can bind (development)",
+    )
+    health_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="plain-HTTP port serving only /healthz, /readyz and /metrics (kubelet probes carry no client cert)",
+    )
+    enable_state: bool = Field(
+        default=False, description="serve GET /state (every pod's slices and GPU UUIDs) on --port, behind the same mTLS"
+    )
     source: Literal["kube", "file"] = Field(default="kube", description="where the cluster state comes from")
     cluster_file: Path | None = Field(default=None, description="cluster file for --source file")
     persist: bool = Field(default=False, description="write binds back to the cluster file (atomic rename)")
@@ -104,6 +121,10 @@ class ExtenderSettings(BaseModel):
     def _consistent(self) -> ExtenderSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("client_ca_file (mTLS) needs tls_cert_file and tls_key_file: client certificates need TLS")
+        if self.health_port is not None and self.health_port == self.port:
+            raise ValueError(f"health_port must differ from port (both {self.port})")
         if self.source == "file" and self.cluster_file is None:
             raise ValueError("source 'file' needs cluster_file")
         if self.leader_elect and self.source != "kube":
@@ -125,6 +146,17 @@ class ExtenderSettings(BaseModel):
         except UnknownPolicyError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    def serving_problem(self) -> str | None:
+        """Why the program must not serve with these settings (checked at start, not at load, so tools that only
+        read settings need no certificates): the kube source binds pods, so its verbs need client authentication."""
+        if self.source == "kube" and self.client_ca_file is None and not self.allow_unauthenticated:
+            return (
+                "the kube source binds pods, so its verbs need client authentication: set client_ca_file "
+                "(kube-scheduler's extender tlsConfig presents a certificate it signed; docs/extender.md, Security), "
+                "or allow_unauthenticated for development only"
+            )
+        return None
 
     def placement(self) -> PlacementConfig:
         return PlacementConfig(

@@ -3,6 +3,11 @@
 The apiserver is the source of truth: node inventories come from the device plugin's annotation,
 allocations from the pods' assignment annotations, so replaying a list of nodes and pods rebuilds
 exactly the state a previous extender had.
+
+Nothing a pod author writes decides how long capacity stays held: an unbound reservation lives for the bind
+grace from when *this extender* first saw it (its own monotonic clock), never from `vgpu.io/bind-time`, which
+is written for humans only. An assignment that would over-commit a GPU is not honoured: it is reported
+(metric, error log) and kept aside, and counted only once it fits (vgpu.claims says which claim wins).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vgpu import annotations as ann
+from vgpu.claims import Claim, order_key, settle
 from vgpu.devices import NodeInventory
 from vgpu.errors import CapacityError, CodecError
 from vgpu.state import ClusterState
@@ -37,7 +43,7 @@ class StateSync:
         is_inflight: Callable[[str], bool] = lambda key: False,
         on_problem: Callable[[str, str], None] = lambda kind, msg: None,
         bind_grace_s: float = 30.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self._is_inflight = is_inflight
@@ -46,6 +52,11 @@ class StateSync:
         self.clock = clock
         # Assignments written by a bind whose Binding we have not seen: key -> when they stop counting.
         self.unbound: dict[str, float] = {}
+        # key -> when this extender first saw the pod's unbound reservation (or made it): the deadline's start.
+        # Kept after the reservation expired, so rewriting the annotation never buys a new grace.
+        self.first_seen: dict[str, float] = {}
+        # Claims refused because they over-commit a GPU: retried, best first, whenever capacity frees.
+        self.contested: dict[str, Claim] = {}
 
     # -- nodes ----------------------------------------------------------------------------------
 
@@ -81,12 +92,16 @@ class StateSync:
         key = pod_key(pod)
         phase = (pod.get("status") or {}).get("phase")
         if kind == "DELETED" or phase in TERMINAL_PHASES:
-            self.unbound.pop(key, None)
-            self.state.release(key)
+            self._forget(key)
+            self._release(key)
             return
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         raw = annotations.get(ann.POD_ASSIGNMENT)
         if raw is None:
+            if not self._is_inflight(key):
+                self.first_seen.pop(key, None)
+                if self.contested.pop(key, None) is not None:
+                    self.state.conflicts.pop(key, None)
             return  # not ours yet; an in-flight bind's reservation lives only in the state
         try:
             bind_phase = ann.decode_bind_phase(annotations.get(ann.POD_BIND_PHASE, ann.BindPhase.ALLOCATING.value))
@@ -97,18 +112,22 @@ class StateSync:
             return
         if bind_phase is ann.BindPhase.FAILED:
             if not self._is_inflight(key):
-                self.unbound.pop(key, None)
-                self.state.release(key)
+                self._forget(key)
+                self._release(key)
             return
-        if (pod.get("spec") or {}).get("nodeName"):
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        if bound:
             self.unbound.pop(key, None)
+            self.first_seen.pop(key, None)
         elif not self._is_inflight(key):
-            # Written by a bind that has not (yet) created the Binding: it may still land, so the
-            # slices stay reserved — but only for the bind grace, never as a lock that outlives it.
-            deadline = self._bind_time(annotations) + self.bind_grace_s
-            if deadline <= self.clock():
+            # Written by a bind that has not (yet) created the Binding: it may still land, so the slices stay
+            # reserved — for the bind grace from when we first saw it, never as a lock that outlives it.
+            now = self.clock()
+            deadline = self.first_seen.setdefault(key, now) + self.bind_grace_s
+            if deadline <= now:
                 self.unbound.pop(key, None)
-                self.state.release(key)
+                self.contested.pop(key, None)
+                self._release(key)
                 return
             self.unbound[key] = deadline
         current = self.state.assignments.get(key) or self.state.orphans.get(key)
@@ -117,20 +136,48 @@ class StateSync:
         if current is not None:
             if self._is_inflight(key):
                 return  # our own bind is rewriting it; the watch shows an older version
-            self.state.release(key)
+            self._release(key)
+        created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+        claim = Claim(key=key, assignment=assignment, bound=bound, created=created)
         try:
             self.state.apply(key, assignment)
         except CapacityError as exc:
+            self.contested[key] = claim
             self.state.conflicts[key] = str(exc)
             self._problem("conflict", str(exc))
-            log.error("assignment in the apiserver over-commits a GPU", extra={"pod": key, "error": str(exc)})
+            log.error(
+                "not honouring an assignment that over-commits a GPU",
+                extra={"pod": key, "error": str(exc), "bound": bound},
+            )
+            return
+        self.contested.pop(key, None)
 
-    @staticmethod
-    def _bind_time(annotations: Mapping[str, Any]) -> float:
-        try:
-            return float(annotations.get(ann.POD_BIND_TIME, 0))
-        except (TypeError, ValueError):
-            return 0.0
+    def own_bind(self, key: str) -> None:
+        """Our bind is writing an assignment for this pod now: its reservation's grace starts now."""
+        self.first_seen[key] = self.clock()
+        self.contested.pop(key, None)
+
+    def _forget(self, key: str) -> None:
+        self.unbound.pop(key, None)
+        self.first_seen.pop(key, None)
+        self.contested.pop(key, None)
+
+    def _release(self, key: str) -> None:
+        """Release a pod's slices; freed capacity may let a refused claim in (vgpu.claims, rule 3)."""
+        if self.state.release(key) is not None:
+            self.settle()
+
+    def settle(self) -> list[str]:
+        """Apply the refused claims that fit now; returns their pods."""
+        if not self.contested:
+            return []
+        applied, refused = settle(self.state, self.contested)
+        for key in applied:
+            del self.contested[key]
+            log.info("an assignment refused before fits now and is counted", extra={"pod": key})
+        for key, reason in refused.items():
+            self.state.conflicts[key] = reason
+        return applied
 
     def expire_unbound(self) -> list[str]:
         """Release reservations of binds that never completed within the grace; returns their pods."""
@@ -139,12 +186,13 @@ class StateSync:
         for key in expired:
             del self.unbound[key]
             if self.state.assignments.get(key) is not None or key in self.state.orphans:
-                self.state.release(key)
+                self._release(key)
                 log.info("released the reservation of a bind that never completed", extra={"pod": key})
         return expired
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A relist: apply every pod, then release what the list no longer holds."""
+        pods = sorted(pods, key=_list_order)  # claims seen together: vgpu.claims, rule 2
         seen: set[str] = set()
         for pod in pods:
             self.pod_event("ADDED", pod)
@@ -152,5 +200,14 @@ class StateSync:
         held = list(self.state.assignments) + list(self.state.orphans)
         for key in held:
             if key not in seen and not self._is_inflight(key):
-                self.unbound.pop(key, None)
-                self.state.release(key)
+                self._forget(key)
+                self._release(key)
+        for key in [k for k in (*self.first_seen, *self.contested) if k not in seen and not self._is_inflight(k)]:
+            self._forget(key)
+            self.state.conflicts.pop(key, None)
+
+
+def _list_order(pod: Mapping[str, Any]) -> tuple[bool, str, str]:
+    meta = pod.get("metadata") or {}
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    return order_key(bound=bound, created=str(meta.get("creationTimestamp") or ""), key=pod_key(pod))

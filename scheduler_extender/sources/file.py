@@ -55,7 +55,7 @@ class FileBinder:
         self._io = threading.Lock()
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        return None  # the service falls back to pods it saw in /filter
+        return None  # no apiserver: the service takes the pod /filter last saw (ServiceOptions.pods_from_filter)
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         return None  # the state already holds it; persisted on bind

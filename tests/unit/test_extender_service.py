@@ -113,15 +113,20 @@ def test_recreated_pod_is_refused_by_uid(setup: tuple[ExtenderService, FakeBinde
     old = _pod("p")
     binder.pods["ns/p"] = _pod("p")  # same name, new UID
     err = _bind(svc, old, "a")
-    assert "UID changed" in err and "ns/p" not in svc.state.assignments
+    assert "UID is" in err and old["metadata"]["uid"] in err and "ns/p" not in svc.state.assignments
 
 
 def test_a_pod_filtered_again_drops_its_stale_reservation(setup: tuple[ExtenderService, FakeBinder]) -> None:
     svc, _binder = setup
     pod = _pod("p", 100)
-    svc.state.apply(
-        "ns/p", Assignment("a", (ann.ContainerAssignment("c", (ann.DeviceSlice("GPU-a-0", 0, 81920, 100),)),))
-    )
+    a = Assignment("a", (ann.ContainerAssignment("c", (ann.DeviceSlice("GPU-a-0", 0, 81920, 100),)),))
+    written = copy.deepcopy(pod)  # a bind wrote it, the Binding never landed: an unbound reservation
+    written["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(a),
+        ann.POD_BIND_PHASE: "allocating",
+    }
+    svc.pod_event("MODIFIED", written)
+    assert "ns/p" in svc.state.assignments and "ns/p" in svc.sync.unbound
     result = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a"]))
     assert result["NodeNames"] == ["a"]  # both GPUs free again: the old reservation was released
     assert "ns/p" not in svc.state.assignments
@@ -139,11 +144,11 @@ def test_assignment_without_binding_expires_after_the_grace() -> None:
         ann.POD_BIND_TIME: "990.0",
     }
     svc.pod_event("ADDED", pod)
-    assert "ns/p" in svc.state.assignments  # may still land: reserved
-    now[0] = 1019.0
+    assert "ns/p" in svc.state.assignments  # may still land: reserved, from when the extender first saw it
+    now[0] = 1029.0  # bind-time 990 + 30 is long past: the pod's own time does not count
     svc.expire_unbound()
     assert "ns/p" in svc.state.assignments
-    now[0] = 1021.0
+    now[0] = 1031.0
     svc.expire_unbound()
     assert "ns/p" not in svc.state.assignments
     svc.pod_event("MODIFIED", pod)  # a later event of the same stale pod does not re-reserve
