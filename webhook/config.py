@@ -1,19 +1,20 @@
-"""The webhook's settings (version v1): one flat, frozen record with its defaults and its validation.
+"""The webhook's settings (version v1): one flat, frozen model with its defaults, descriptions and validation.
 
 Flat on purpose: every field is at once a flag (`--cert-file`), an environment variable
-(`VGPU_WEBHOOK_CERT_FILE`) and a key of the YAML file (grouped into sections there, see
-`webhook.config_load.FILE_SECTIONS`), so the precedence flags > env > file is a merge of three dicts.
-Loading lives in `webhook.config_load`; nothing here reads the environment.
+(`VGPU_WEBHOOK_CERT_FILE`) and a key of the YAML file (grouped into sections there, see `FILE_KEYS`).
+Flags, env, file and `--help` all come from this model through `vgpu.settings.Schema` (webhook.config_load);
+nothing here reads the environment.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from vgpu.config import RequestDefaults, ResourceNames
+from vgpu.settings import Problem, SettingsError
 
 VERSION = "v1"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -24,46 +25,65 @@ LogFormat = Literal["text", "json"]
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
+# One error type for every settings problem (the loader's, re-exported under the name the webhook used).
+ConfigError = SettingsError
 
-class ConfigError(ValueError):
-    """One or more settings are invalid; the message lists every problem."""
 
+class WebhookConfig(BaseModel):
+    """Every setting of `vgpu-webhook`, with the documented defaults (docs/webhook.md).
 
-@dataclass(frozen=True, slots=True)
-class WebhookConfig:
-    """Every setting of `vgpu-webhook`, with the documented defaults (docs/webhook.md)."""
+    Types are checked on construction; the ranges and cross-field rules are in `problems()`, which the
+    loader applies, so tests may still build e.g. `port=0` (any free port) directly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
 
     # serving
-    host: str = "0.0.0.0"
-    port: int = 8443
-    cert_file: str = "/etc/vgpu-webhook/tls/tls.crt"
-    key_file: str = "/etc/vgpu-webhook/tls/tls.key"
-    cert_reload_interval: float = 10.0
+    host: str = Field(default="0.0.0.0", description="listen address")
+    port: int = Field(default=8443, description="HTTPS listen port, 1..65535")
+    cert_file: str = Field(default="/etc/vgpu-webhook/tls/tls.crt", description="serving certificate (PEM)")
+    key_file: str = Field(default="/etc/vgpu-webhook/tls/tls.key", description="private key of cert_file (PEM)")
+    cert_reload_interval: float = Field(
+        default=10.0, description="seconds between checks for a renewed certificate, 0.1..3600"
+    )
     # routing
-    scheduler_name: str = "vgpu-scheduler"
-    override_default_scheduler: bool = True
+    scheduler_name: str = Field(default="vgpu-scheduler", description="schedulerName set on GPU pods")
+    override_default_scheduler: bool = Field(
+        default=True, description="also reroute GPU pods that name default-scheduler explicitly"
+    )
     # mutation
-    apply_default_count: bool = True
-    strip_stale_annotations: bool = True
+    apply_default_count: bool = Field(
+        default=True, description="add the default GPU count to pods that ask for GPU memory or cores only"
+    )
+    strip_stale_annotations: bool = Field(
+        default=True, description="remove vgpu.io/ assignment annotations a new pod must not carry"
+    )
     # resource names (HAMi-compatible)
-    resource_count: str = "nvidia.com/gpu"
-    resource_memory: str = "nvidia.com/gpumem"
-    resource_memory_percentage: str = "nvidia.com/gpumem-percentage"
-    resource_cores: str = "nvidia.com/gpucores"
-    resource_priority: str = "nvidia.com/priority"
+    resource_count: str = Field(default="nvidia.com/gpu", description="resource name of the GPU count")
+    resource_memory: str = Field(default="nvidia.com/gpumem", description="resource name of GPU memory (MiB)")
+    resource_memory_percentage: str = Field(
+        default="nvidia.com/gpumem-percentage", description="resource name of GPU memory in percent"
+    )
+    resource_cores: str = Field(default="nvidia.com/gpucores", description="resource name of the SM share")
+    resource_priority: str = Field(default="nvidia.com/priority", description="resource name of the priority")
     # request defaults (vgpu.config.RequestDefaults)
-    default_count: int = 1
-    default_memory_percentage: int = 100
-    default_cores: str = "proportional"
-    default_priority: int = 1
+    default_count: int = Field(default=1, description="GPUs per container when only memory/cores are asked, 1..64")
+    default_memory_percentage: int = Field(
+        default=100, description="GPU memory in percent when a request names none, 1..100"
+    )
+    default_cores: str = Field(
+        default="proportional", description="SM share when a request names none: proportional or 0..100"
+    )
+    default_priority: int = Field(default=1, description="priority when a request names none: 0 (high) or 1 (low)")
     # cluster inventory for the "larger than any GPU" checks
-    inventory_source: InventorySource = "nodes"
-    max_gpu_memory_mib: int = 0
-    max_gpus_per_node: int = 0
-    kubeconfig: str = ""
+    inventory_source: InventorySource = Field(
+        default="nodes", description="where the largest GPU comes from for capacity checks"
+    )
+    max_gpu_memory_mib: int = Field(default=0, description="largest GPU's memory for inventory_source static")
+    max_gpus_per_node: int = Field(default=0, description="most GPUs on one node for inventory_source static")
+    kubeconfig: str = Field(default="", description="kubeconfig for the nodes inventory; empty = in-cluster")
     # logging
-    log_format: LogFormat = "text"
-    log_level: str = "info"
+    log_format: LogFormat = Field(default="text", description="text, or json for one object per line")
+    log_level: str = Field(default="info", description="debug, info, warning or error")
 
     def resource_names(self) -> ResourceNames:
         return ResourceNames(
@@ -86,54 +106,52 @@ class WebhookConfig:
         )
 
 
-# `from __future__ import annotations` makes f.type a string; resolve the few kinds we use.
-FIELD_TYPES: dict[str, type] = {
-    f.name: {"int": int, "float": float, "bool": bool}.get(str(f.type), str) for f in dataclasses.fields(WebhookConfig)
-}
-
-
-def problems(cfg: WebhookConfig) -> list[str]:
-    """Every reason `cfg` cannot run, as human-readable lines (empty = valid)."""
-    out: list[str] = []
+def problems(cfg: WebhookConfig) -> list[Problem]:
+    """Every reason `cfg` cannot run, as (setting, human-readable line) pairs (empty = valid)."""
+    out: list[Problem] = []
     if not 1 <= cfg.port <= 65535:
-        out.append(f"port: {cfg.port} is outside 1..65535")
+        out.append(("port", f"port: {cfg.port} is outside 1..65535"))
     if not cfg.cert_file or not cfg.key_file:
-        out.append("cert_file and key_file must both be set (the apiserver only calls webhooks over HTTPS)")
+        out.append(("", "cert_file and key_file must both be set (the apiserver only calls webhooks over HTTPS)"))
     if not 0.1 <= cfg.cert_reload_interval <= 3600:
-        out.append(f"cert_reload_interval: {cfg.cert_reload_interval} is outside 0.1..3600 seconds")
+        out.append(
+            ("cert_reload_interval", f"cert_reload_interval: {cfg.cert_reload_interval} is outside 0.1..3600 seconds")
+        )
     if not _DNS_SUBDOMAIN.match(cfg.scheduler_name):
-        out.append(f"scheduler_name: {cfg.scheduler_name!r} is not a DNS subdomain")
-    names = [cfg.resource_count, cfg.resource_memory, cfg.resource_memory_percentage]
-    names += [cfg.resource_cores, cfg.resource_priority]
-    for name in names:
+        out.append(("scheduler_name", f"scheduler_name: {cfg.scheduler_name!r} is not a DNS subdomain"))
+    names = {
+        "resource_count": cfg.resource_count,
+        "resource_memory": cfg.resource_memory,
+        "resource_memory_percentage": cfg.resource_memory_percentage,
+        "resource_cores": cfg.resource_cores,
+        "resource_priority": cfg.resource_priority,
+    }
+    for key, name in names.items():
         if not _RESOURCE_NAME.match(name):
-            out.append(f"resource name {name!r} is not a qualified Kubernetes resource name")
-    if len(set(names)) != len(names):
-        out.append("resource names must be distinct")
+            out.append((key, f"{key}: {name!r} is not a qualified Kubernetes resource name"))
+    if len(set(names.values())) != len(names):
+        out.append(("", "resource names must be distinct: " + ", ".join(f"{k}={v}" for k, v in names.items())))
     if not 1 <= cfg.default_count <= 64:
-        out.append(f"default_count: {cfg.default_count} is outside 1..64")
+        out.append(("default_count", f"default_count: {cfg.default_count} is outside 1..64"))
     if not 1 <= cfg.default_memory_percentage <= 100:
-        out.append(f"default_memory_percentage: {cfg.default_memory_percentage} is outside 1..100")
+        out.append(
+            (
+                "default_memory_percentage",
+                f"default_memory_percentage: {cfg.default_memory_percentage} is outside 1..100",
+            )
+        )
     if cfg.default_cores != "proportional" and not (cfg.default_cores.isdigit() and 0 <= int(cfg.default_cores) <= 100):
-        out.append(f"default_cores: {cfg.default_cores!r} must be 'proportional' or an integer 0..100")
+        out.append(
+            ("default_cores", f"default_cores: {cfg.default_cores!r} must be 'proportional' or an integer 0..100")
+        )
     if cfg.default_priority not in (0, 1):
-        out.append(f"default_priority: {cfg.default_priority} must be 0 (high) or 1 (low)")
-    if cfg.inventory_source not in ("none", "static", "nodes"):
-        out.append(f"inventory_source: {cfg.inventory_source!r} must be none, static or nodes")
+        out.append(("default_priority", f"default_priority: {cfg.default_priority} must be 0 (high) or 1 (low)"))
     if cfg.inventory_source == "static" and (cfg.max_gpu_memory_mib <= 0 or cfg.max_gpus_per_node <= 0):
-        out.append("inventory_source static needs max_gpu_memory_mib > 0 and max_gpus_per_node > 0")
+        out.append(
+            ("inventory_source", "inventory_source static needs max_gpu_memory_mib > 0 and max_gpus_per_node > 0")
+        )
     if cfg.max_gpu_memory_mib < 0 or cfg.max_gpus_per_node < 0:
-        out.append("max_gpu_memory_mib and max_gpus_per_node must not be negative")
-    if cfg.log_format not in ("text", "json"):
-        out.append(f"log_format: {cfg.log_format!r} must be text or json")
+        out.append(("", "max_gpu_memory_mib and max_gpus_per_node must not be negative"))
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
-        out.append(f"log_level: {cfg.log_level!r} must be debug, info, warning or error")
+        out.append(("log_level", f"log_level: {cfg.log_level!r} must be debug, info, warning or error"))
     return out
-
-
-def validate(cfg: WebhookConfig) -> WebhookConfig:
-    """Return `cfg` unchanged, or raise ConfigError listing every problem."""
-    found = problems(cfg)
-    if found:
-        raise ConfigError("invalid webhook configuration:\n  " + "\n  ".join(found))
-    return cfg

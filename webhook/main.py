@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -147,9 +146,23 @@ def install_certs(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="vgpu-webhook", description="kube-vgpu mutating admission webhook")
     sub = top.add_subparsers(dest="command")
-    serve_p = sub.add_parser("serve", help="serve /mutate, /validate, /healthz, /readyz, /metrics over HTTPS")
+    precedence = (
+        "Every option is also an environment variable (VGPU_WEBHOOK_<OPTION>) and a key of the --config file "
+        "(docs/webhook.md). Precedence: flags > environment > file > defaults."
+    )
+    serve_p = sub.add_parser(
+        "serve",
+        help="serve /mutate, /validate, /healthz, /readyz, /metrics over HTTPS",
+        description="Serve /mutate, /validate, /healthz, /readyz and /metrics over HTTPS.",
+        epilog=precedence,
+    )
     config_load.add_flags(serve_p)
-    show = sub.add_parser("print-config", help="print the effective configuration (flags > env > file)")
+    show = sub.add_parser(
+        "print-config",
+        help="print the effective configuration (flags > env > file)",
+        description="Print the effective configuration as YAML.",
+        epilog=precedence,
+    )
     config_load.add_flags(show)
     gen = sub.add_parser("gen-certs", help="write a self-signed CA and serving certificate (development)")
     gen.add_argument("--dir", required=True, help="output folder: ca.crt, tls.crt, tls.key")
@@ -180,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if args.command == "print-config":
-        print(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False), end="")
+        print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
         return 0
     return serve(cfg)
 
