@@ -257,7 +257,8 @@ def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
     applies a deletion after kube-scheduler already retried (and was rejected again). A reservation written by a
     bind that never created its Binding (a pod of another scheduler, never bound) expires after the bind grace
     inside the extender only; without the nudge the waiter would sit in kube-scheduler's unschedulable pool for
-    `podMaxInUnschedulablePodsDuration` (5 min)."""
+    `podMaxInUnschedulablePodsDuration` (5 min). The ghost's bind-time is forged far into the future: the
+    reservation still ends one bind grace after the extender first saw it (issue 15)."""
     cp, _ext = vgpu
     core = client.CoreV1Api(cp.api_client())
     selector = gpu_nodes(cp, f"rq-{uuid.uuid4().hex[:5]}", 1, 1)
@@ -265,14 +266,14 @@ def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
     gpu = f"GPU-{node}-0"
     ghost_slice = ann.DeviceSlice(gpu, 0, GPU_MEM, 100)
     assignment = ann.Assignment(node, (ann.ContainerAssignment("vllm", (ghost_slice,)),))
-    expires_in = 12.0
-    grace = 30.0  # the extender's default --bind-grace-seconds
+    grace = BIND_GRACE_S  # the e2e extender's --bind-grace-seconds
+    expires_in = grace  # from when the extender first saw it: the far-future bind-time below does not count
     ghost = _pod("ghost", selector, _slice(100, 100))
     ghost["spec"]["schedulerName"] = "nobody"  # kube-scheduler ignores it; it stays unbound
     ghost["metadata"]["annotations"] = {
         ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
         ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
-        ann.POD_BIND_TIME: f"{time.time() - grace + expires_in:.3f}",
+        ann.POD_BIND_TIME: "9999999999",  # forged: would pin the whole card forever if it were believed
     }
     started = time.monotonic()
     core.create_namespaced_pod(namespace, ghost)
@@ -285,6 +286,7 @@ def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
     assert not core.read_namespaced_pod("waiter", namespace).spec.node_name  # rejected while the slice was held
     # Expired by the extender's reaper (every grace/4) or at the next /filter: bound soon after, not in 5 minutes.
     waiter = cp.wait_for_pod("waiter", namespace, timeout=grace / 4 + 10)
+    assert time.monotonic() - started < grace + grace / 4 + 10  # not pinned by the forged time
     cp.wait_for_pod(
         "waiter", namespace, timeout=5, condition=lambda p: ann.POD_REQUEUE in (p.metadata.annotations or {})
     )

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.e2e.controlplane import ControlPlane, ManagedProcess, free_port
+from tests.e2e.controlplane import CertificateAuthority, ControlPlane, ManagedProcess, free_port
 from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
 
@@ -68,7 +68,11 @@ def extender_rbac(cp: ControlPlane) -> None:
 
 class Extender:
     """`vgpu-extender --source kube` as a managed process, restartable mid-test; `args` are added to its flags
-    (e.g. --leader-elect), `name` tells replicas apart in the logs."""
+    (e.g. --leader-elect), `name` tells replicas apart in the logs.
+
+    It runs as shipped: mutual TLS with its own client CA (`client_ca`, not the cluster's, so no other cluster
+    identity can call it), whose certificate `client_cert` is what kube-scheduler presents (scheduler_config);
+    `get` presents it too. /state is on (--enable-state) for the tests' comparisons, behind the same mTLS."""
 
     def __init__(self, cp: ControlPlane, *, name: str = "vgpu-extender", args: tuple[str, ...] = ()) -> None:
         self.cp = cp
@@ -77,9 +81,13 @@ class Extender:
         extender_rbac(cp)
         self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
         self.cert, self.key = cp.issue_server_cert("vgpu-extender")
+        self.client_ca = CertificateAuthority("vgpu-extender-client-ca")
+        self.client_ca_file, _ = self.client_ca.keypair.write(cp.pki_dir, "vgpu-extender-client-ca")
+        self.client_cert = self.client_ca.issue_client_cert("vgpu-scheduler").write(cp.pki_dir, "vgpu-extender-client")
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.ctx = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
+        self.ctx.load_cert_chain(*self.client_cert)
         self.proc: ManagedProcess | None = None
         self.starts = 0
 
@@ -101,6 +109,10 @@ class Extender:
             str(self.cert),
             "--tls-key-file",
             str(self.key),
+            "--client-ca-file",
+            str(self.client_ca_file),
+            "--enable-state",
+            f"--bind-grace-seconds={BIND_GRACE_S}",
             "--log-format",
             "json",
             *self.args,
@@ -131,7 +143,8 @@ class Extender:
 
 
 def scheduler_config(cp: ControlPlane, ext: Extender) -> str:
-    """deploy/scheduler/kube-scheduler-config.yaml with the extender's URL and CA, short backoffs."""
+    """deploy/scheduler/kube-scheduler-config.yaml with the extender's URL, its serving CA and the paths of the client
+    certificate kube-scheduler presents (the shipped certFile/keyFile point into a mounted Secret), short backoffs."""
     config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
     config.pop("leaderElection", None)
     config["podInitialBackoffSeconds"] = 1
@@ -139,6 +152,8 @@ def scheduler_config(cp: ControlPlane, ext: Extender) -> str:
     for e in config["extenders"]:
         e["urlPrefix"] = ext.url
         e["tlsConfig"]["caData"] = base64.b64encode(cp.ca.cert_pem).decode()
+        assert {"certFile", "keyFile"} <= e["tlsConfig"].keys(), "the shipped config presents a client certificate"
+        e["tlsConfig"]["certFile"], e["tlsConfig"]["keyFile"] = (str(p) for p in ext.client_cert)
     return yaml.safe_dump(config)
 
 

@@ -75,7 +75,7 @@ def test_extender_deployment_matches_the_service_the_scheduler_calls() -> None:
     svc_name, svc_ns = url.hostname.split(".")[:2] if url.hostname else ("", "")
     svc = docs[("Service", svc_name)]
     assert svc["metadata"]["namespace"] == svc_ns
-    assert [p["port"] for p in svc["spec"]["ports"]] == [url.port]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [url.port, 8080]  # the verbs (mTLS); metrics (plain)
     template = docs[("Deployment", "vgpu-extender")]["spec"]["template"]
     # The Service selects the pods' labels plus the one the leader sets on its own pod (leader election).
     selector = dict(svc["spec"]["selector"])
@@ -86,10 +86,32 @@ def test_extender_deployment_matches_the_service_the_scheduler_calls() -> None:
     assert args.source == "kube" and args.port == url.port and args.leader_elect
     own_pod = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
     assert own_pod == {"VGPU_EXTENDER_POD_NAME": "metadata.name", "VGPU_EXTENDER_POD_NAMESPACE": "metadata.namespace"}
-    (port,) = container["ports"]
+    port, health = container["ports"]
     assert port["containerPort"] == url.port and svc["spec"]["ports"][0]["targetPort"] == port["name"]
     tls_mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tls")
     assert str(args.tls_cert_file).startswith(tls_mount) and str(args.tls_key_file).startswith(tls_mount)
+    # mTLS on the verbs; kubelet probes (no client certificate) on the plain health port
+    assert str(args.client_ca_file).startswith(tls_mount)
+    assert health["containerPort"] == args.health_port != url.port
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] == health["name"] and container[probe]["httpGet"]["scheme"] == "HTTP"
+
+
+def test_only_kube_scheduler_reaches_the_extenders_verbs() -> None:
+    """The scheduler presents the client certificate its Secret holds; the NetworkPolicy admits only its pods to the
+    verbs' port and leaves just the health port open."""
+    docs = _extender_docs()
+    (ext,) = _docs(SCHEDULER_CONFIG)[0]["extenders"]
+    sched = docs[("Deployment", "vgpu-scheduler")]["spec"]["template"]["spec"]
+    mount = next(m["mountPath"] for m in sched["containers"][0]["volumeMounts"] if m["name"] == "extender-client")
+    assert ext["tlsConfig"]["certFile"].startswith(mount) and ext["tlsConfig"]["keyFile"].startswith(mount)
+    assert next(v for v in sched["volumes"] if v["name"] == "extender-client")["secret"]["secretName"]
+    policy = docs[("NetworkPolicy", "vgpu-extender")]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "vgpu-extender"}
+    verbs, health = policy["ingress"]
+    assert verbs["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vgpu-scheduler"}}}]
+    assert [p["port"] for p in verbs["ports"]] == [8443] and [p["port"] for p in health["ports"]] == [8080]
+    assert "from" not in health
 
 
 @pytest.mark.parametrize(
