@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
+# The typed client other modules annotate with, so that only this module imports `kubernetes`
+# (the import-linter contract in pyproject.toml; sources/kube.py and main.py are the other adapters).
+CoreApi = client.CoreV1Api
+
 
 def _raw(resp: Any) -> dict[str, Any]:
     data = resp.data if hasattr(resp, "data") else resp.read()
@@ -288,3 +292,8 @@ class Reflector:
         self.stopped.set()
         if self._watch is not None:
             self._watch.stop()
+
+
+def lease_store(*, namespace: str, name: str) -> KubeLeaseStore:
+    """The election's Lease through the default client configuration (set up by main)."""
+    return KubeLeaseStore(client.CoordinationV1Api(), namespace=namespace, name=name)

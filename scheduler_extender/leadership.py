@@ -16,9 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from kubernetes import client
-
-from scheduler_extender.kube import KubeLeaseStore, clear_other_leader_labels, list_active_pods, mark_leader
+from scheduler_extender.kube import CoreApi, clear_other_leader_labels, lease_store, list_active_pods, mark_leader
 from scheduler_extender.leader import LeaderElector
 from scheduler_extender.service import ExtenderService
 from scheduler_extender.settings import ExtenderSettings
@@ -38,7 +36,7 @@ class Election:
         self.elector.stop(release=True)
 
 
-def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: client.CoreV1Api) -> Election:
+def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: CoreApi) -> Election:
     """Stand by until this replica holds the Lease; the election starts once the service's state has synced."""
     identity = f"{s.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -73,9 +71,7 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: cl
         service.leader = holder  # named in a standby's 503s
 
     elector = LeaderElector(
-        KubeLeaseStore(
-            client.CoordinationV1Api(), namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name
-        ),
+        lease_store(namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name),
         identity,
         lease_s=s.leader_elect_lease_duration_seconds,
         renew_deadline_s=s.leader_elect_renew_deadline_seconds,

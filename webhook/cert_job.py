@@ -16,6 +16,7 @@ from typing import Any
 from cryptography import x509
 
 from webhook import certs
+from webhook.kube import read_secret
 
 
 def _b64(data: bytes) -> str:
@@ -56,14 +57,7 @@ def install(
     `core` is a kubernetes CoreV1Api, `admission` an AdmissionregistrationV1Api (injected, so tests and
     the e2e suite pass their own clients).
     """
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        existing = core.read_namespaced_secret(secret, namespace)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        existing = None
+    existing = read_secret(core, namespace=namespace, name=secret)
     ca_pem = _still_good(existing, hosts, min_days) if existing is not None else None
     issued = ca_pem is None
     if ca_pem is None:

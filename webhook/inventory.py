@@ -174,6 +174,6 @@ class NodeAnnotationInventory:
 
 
 def _default_watch() -> Any:
-    from kubernetes import watch  # imported lazily: only the Node source needs the client
+    from webhook.kube import node_watch  # imported lazily: only the Node source needs the client
 
-    return watch.Watch()  # type: ignore[no-untyped-call]
+    return node_watch()

@@ -1,0 +1,27 @@
+"""The webhook's only contact with the Kubernetes client library: the Node watch and the cert Job's Secret read.
+
+Everything else takes the API objects as arguments, so the admission logic and its tests never load the
+client (the import-linter contracts in pyproject.toml keep it that way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+
+def node_watch() -> Any:
+    """A fresh watch for `NodeAnnotationInventory`'s list + watch loop."""
+    return watch.Watch()  # type: ignore[no-untyped-call]
+
+
+def read_secret(core: Any, *, namespace: str, name: str) -> Any | None:
+    """The Secret, or None when it does not exist (404); other API errors propagate."""
+    try:
+        return core.read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return None
