@@ -21,7 +21,7 @@ from device_plugin.pods import PodRecord
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.kubelet import FakeKubelet
 from device_plugin.testing.pods import MemoryPods
-from device_plugin.testing.workload import placed_pods
+from device_plugin.testing.workload import PlacedPod, placed_pods, pod_uid
 from vgpu import annotations as ann
 
 NODE = "gpu-node-1"
@@ -191,3 +191,104 @@ def test_plugin_restart_rebuilds_from_apiserver_and_kubelet(rig: Rig) -> None:
     while rig.pods.get(pods[9].key).bind_phase != ann.BindPhase.ALLOCATED and time.monotonic() < deadline:
         time.sleep(0.05)
     assert {rig.pods.get(p.key).bind_phase for p in pods} == {ann.BindPhase.ALLOCATED}
+
+
+# --- defence in depth: assignments the extender could not have written are refused over gRPC -----------------
+
+
+def placed(rig: Rig, name: str, *containers: tuple[str, list[tuple[int, int, int]]], i: int = 0) -> PodRecord:
+    """A pod in bind-phase allocating whose spec asks exactly for its assignment (gpu index, MiB, cores)."""
+    uuids = rig.uuids()
+    a = ann.Assignment(
+        node=NODE,
+        containers=tuple(
+            ann.ContainerAssignment(c, tuple(ann.DeviceSlice(uuids[g], g, mem, cores) for g, mem, cores in slices))
+            for c, slices in containers
+        ),
+    )
+    return PlacedPod(name, pod_uid(77, i), a).record(
+        namespace="team", node=NODE, bind_time=f"2026-01-01T00:00:{i:02d}Z"
+    )
+
+
+def refused_over_grpc(rig: Rig, p: PodRecord) -> str:
+    rig.pods.add(p)
+    assert p.assignment is not None
+    with pytest.raises(grpc.RpcError) as info:
+        rig.kubelet.admit(p.key, [(c.name, len(c.devices)) for c in p.assignment.containers])
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not any(uid == p.uid for uid, _ in rig.plugin.manager.served()), "a refused pod was recorded as served"
+    assert rig.pods.get(p.key).bind_phase == ann.BindPhase.ALLOCATING
+    # What the kubelet then does with a pod whose admission failed (UnexpectedAdmissionError): phase Failed.
+    rig.pods.add(dataclasses.replace(rig.pods.get(p.key), phase="Failed"))
+    return str(info.value.details())
+
+
+def test_traversal_container_name_is_refused_and_reaches_no_path(rig: Rig) -> None:
+    p = placed(rig, "evil", ("x/../../../../../../../../../etc", [(0, 81559, 100)]))
+    msg = refused_over_grpc(rig, p)
+    assert msg == (
+        "vGPU Allocate refused: pod team/evil container 'x/../../../../../../../../../etc': the assignment's "
+        "container name is not a DNS-1123 label ([a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters)"
+    )
+
+
+def test_assignment_inconsistent_with_the_pod_spec_is_refused(rig: Rig) -> None:
+    p = placed(rig, "greedy", ("vllm", [(0, 81559, 100)]))
+    asks = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "10"}
+    p = dataclasses.replace(p, spec={"spec": {"containers": [{"name": "vllm", "resources": {"limits": asks}}]}})
+    msg = refused_over_grpc(rig, p)
+    assert msg == (
+        f"vGPU Allocate refused: pod team/greedy container 'vllm': the assignment gives 81559 MiB on GPU "
+        f"{rig.uuids()[0]} but the container's requests resolve to 8192 MiB there (nvidia.com/gpumem=8192)"
+    )
+
+
+def test_foreign_gpu_is_refused(rig: Rig) -> None:
+    p = placed(rig, "far", ("vllm", [(0, 8192, 10)]))
+    assert p.assignment is not None
+    foreign = ann.DeviceSlice("GPU-0badc0de-0000-0000-0000-000000000000", 0, 8192, 10)
+    p = dataclasses.replace(
+        p, assignment=dataclasses.replace(p.assignment, containers=(ann.ContainerAssignment("vllm", (foreign,)),))
+    )
+    msg = refused_over_grpc(rig, p)
+    assert msg.startswith(
+        f"vGPU Allocate refused: pod team/far container 'vllm': GPU 'GPU-0badc0de-0000-0000-0000-000000000000' "
+        f"is not a GPU of node {NODE} (its GPUs: "
+    )
+
+
+def test_unhealthy_gpu_is_refused(rig: Rig) -> None:
+    bad = rig.uuids()[2]
+    rig.nvml.inject_xid(2, 79)
+    assert rig.kubelet.wait(
+        lambda: all(d.health == "Unhealthy" for i, d in rig.kubelet.state.devices.items() if i.startswith(bad))
+    )
+    msg = refused_over_grpc(rig, placed(rig, "sick", ("vllm", [(2, 8192, 10)])))
+    assert msg.startswith(f"vGPU Allocate refused: pod team/sick container 'vllm': GPU {bad} is unhealthy (")
+
+
+def test_over_commit_by_two_assignments_is_refused_also_after_a_plugin_restart(rig: Rig) -> None:
+    first = placed(rig, "first", ("vllm", [(0, 61440, 60)]), i=1)
+    rig.pods.add(first)
+    admit(rig, first)
+    # Served in this process, bind-phase not yet `allocated` in the apiserver: still counted.
+    second = placed(rig, "second", ("vllm", [(0, 30720, 30)]), i=2)
+    msg = refused_over_grpc(rig, second)
+    assert msg == (
+        f"vGPU Allocate refused: pod team/second container 'vllm': GPU {rig.uuids()[0]} would be over-committed: "
+        "memory 61440 + 30720 MiB > 81559 MiB (already held by 1 slice(s) of team/first)"
+    )
+    rig.plugin.manager.drain()
+    assert rig.pods.get(first.key).bind_phase == ann.BindPhase.ALLOCATED
+    # A new process knows nothing in memory: the apiserver's bind-phase allocated is what it counts.
+    rig.plugin.stop()
+    rig.plugin = rig.new_plugin()
+    rig.plugin.start()
+    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) == 2)
+    third = placed(rig, "third", ("vllm", [(0, 8192, 50)]), i=3)
+    msg = refused_over_grpc(rig, third)
+    assert "would be over-committed: cores 60 + 50% > 100% (already held by 1 slice(s) of team/first)" in msg
+    fits = placed(rig, "fits", ("vllm", [(0, 8192, 40)]), i=4)
+    rig.pods.add(fits)
+    admit(rig, fits)  # exactly what is left is still served
