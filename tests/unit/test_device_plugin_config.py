@@ -1,10 +1,25 @@
+"""Device plugin settings: precedence, errors naming the source, and every setting reaching the object that uses it."""
+
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from device_plugin.config import load
+from device_plugin import main as dp_main
+from device_plugin.app import Plugin
+from device_plugin.config import SCHEMA, PluginConfig, load
+from device_plugin.nvml import real
+from device_plugin.podresources import PodResourcesClient
+from device_plugin.testing.fake_nvml import FakeNvml
+from device_plugin.testing.pods import MemoryPods
+from vgpu import logs
+from vgpu.settings import SettingsError
+
+SCENARIO = Path(__file__).resolve().parents[1] / "data" / "nvml" / "h100x8.yaml"
 
 
 def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
@@ -13,14 +28,241 @@ def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
     env = {"VGPU_DP_SPLIT_COUNT": "6", "NODE_NAME": "from-env"}
     c = load(["--config", str(f), "--node-name", "from-flag"], env)
     assert (c.node_name, c.split_count, c.mps) == ("from-flag", 6, True)
+    assert load(["--config", str(f)], env).node_name == "from-env"  # NODE_NAME (downward API) over the file
+    assert load(["--config", str(f)], {**env, "VGPU_DP_NODE_NAME": "prefixed"}).node_name == "prefixed"
+    assert load([], {"VGPU_DP_CONFIG": str(f)}).split_count == 4
 
 
 @pytest.mark.parametrize(
     ("doc", "err"),
-    [("version: v2\n", "version"), ("version: v1\nbogus: 1\n", "unknown"), ("version: v1\n", "node_name")],
+    [
+        ("version: v2\n", "version"),
+        ("version: v1\nbogus: 1\n", "unknown key bogus"),
+        ("version: v1\n", "node_name is required"),
+        ("version: v1\nnode_name: n\nsplit_count: many\n", "split_count = 'many' from file "),
+        ("version: v1\nnode_name: n\nmps: maybe\n", "mps = 'maybe' from file "),
+        ("version: v1\nnode_name: n\nlog_level: loud\n", "allowed: debug, info, warning, error"),
+    ],
 )
 def test_bad_files_are_rejected(tmp_path: Path, doc: str, err: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(doc)
-    with pytest.raises(ValueError, match=err):
+    with pytest.raises(ValueError) as info:
         load(["--config", str(f)], {})
+    assert err in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "err"),
+    [
+        (["--split-count", "0"], {}, "split_count must be 1..100, got 0 (flag --split-count)"),
+        ([], {"VGPU_DP_SPLIT_COUNT": "200"}, "split_count must be 1..100, got 200 (env VGPU_DP_SPLIT_COUNT)"),
+        ([], {"VGPU_DP_MPS": "maybe"}, "mps = 'maybe' from env VGPU_DP_MPS"),
+        ([], {"VGPU_DP_SPLITCOUNT": "2"}, "unknown environment variables VGPU_DP_SPLITCOUNT"),
+        (["--enforcement-steps", "evict,event"], {}, "(flag --enforcement-steps)"),
+        (["--epp-port", "9400"], {}, "dcgm-exporter's 9400"),
+    ],
+)
+def test_bad_values_name_setting_value_and_source(argv: list[str], env: dict[str, str], err: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load(["--node-name", "n", *argv], env)
+    assert err in str(info.value)
+
+
+def test_help_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load(["--help"], {})
+    out = " ".join(capsys.readouterr().out.split())
+    for s in SCHEMA.settings():
+        assert s.description and " ".join(s.description.split()) in out, s.name
+    assert "(default: 10; env VGPU_DP_SPLIT_COUNT; file split_count)" in out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# every setting, given as a flag, an env variable or a file key, reaches the object that uses it
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, argv: list[str], env: dict[str, str]) -> None:
+        self.tmp_path, self.argv, self.env = tmp_path, argv, env
+        self.plugins: list[Plugin] = []
+
+    def plugin(self, c: PluginConfig) -> Plugin:
+        # actions: any object stands in for the apiserver, so dry-run comes from the setting alone
+        p = Plugin(
+            c,
+            nvml=FakeNvml.from_file(SCENARIO),
+            pods=MemoryPods(),
+            kubelet=None,
+            is_nvml_error=real.NVMLError,
+            actions=cast(Any, object()),
+        )
+        self.plugins.append(p)
+        return p
+
+    def watchdog(self, c: PluginConfig) -> Any:
+        return self.plugin(c).watchdog
+
+    def telemetry(self, c: PluginConfig) -> list[tuple[str, int]]:
+        p = self.plugin(c)
+        assert p.watchdog is not None
+        p._start_telemetry(p.watchdog)
+        return [(str(s.server.server_address[0]), s.port) for s in p.metrics_servers]
+
+    def logging_after_main(self, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+        """main() configures logging right after loading; with no device-plugins folder it then exits 2."""
+        for k, v in self.env.items():
+            monkeypatch.setenv(k, v)
+        assert dp_main.main([*self.argv, "--plugin-dir", str(self.tmp_path / "absent")]) == 2
+        root = logging.getLogger()
+        return logging.getLevelName(root.level).lower(), (
+            "json" if isinstance(root.handlers[0].formatter, logs.JsonFormatter) else "text"
+        )
+
+    def stop(self) -> None:
+        for p in self.plugins:
+            for srv in p.metrics_servers:
+                srv.close()
+
+
+def _kubeconfig(tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:2'}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+Probe = Callable[[Rig, PluginConfig, pytest.MonkeyPatch], object]
+# setting -> (value as text, other settings it needs (flags), probe of the consuming object, what it must see).
+CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
+    "node_name": ("gpu-7", {}, lambda r, c, m: (r.plugin(c).manager.node, r.plugin(c).publisher.node), ("gpu-7",) * 2),
+    "resource_name": ("example.com/vgpu", {}, lambda r, c, m: r.plugin(c).server.resource, "example.com/vgpu"),
+    "resource_memory": ("example.com/mem", {}, lambda r, c, m: r.plugin(c).manager.names.memory, "example.com/mem"),
+    "resource_memory_percentage": (
+        "example.com/pct",
+        {},
+        lambda r, c, m: r.plugin(c).manager.names.memory_percentage,
+        "example.com/pct",
+    ),
+    "resource_cores": ("example.com/sm", {}, lambda r, c, m: r.plugin(c).manager.names.cores, "example.com/sm"),
+    "resource_priority": ("example.com/p", {}, lambda r, c, m: r.plugin(c).manager.names.priority, "example.com/p"),
+    "split_count": ("4", {}, lambda r, c, m: {g.split_count for g in r.plugin(c).gpus}, {4}),
+    "plugin_dir": ("/run/dp", {}, lambda r, c, m: r.plugin(c).server.paths.plugin_dir, "/run/dp"),
+    "socket_name": ("x.sock", {}, lambda r, c, m: r.plugin(c).server.paths.socket_name, "x.sock"),
+    "pod_resources_socket": (
+        "/run/pr.sock",
+        {},
+        lambda r, c, m: PodResourcesClient(c.pod_resources_socket).socket_path,
+        "/run/pr.sock",
+    ),
+    "mps": ("true", {}, lambda r, c, m: r.plugin(c).manager.settings.mps, True),
+    "cache_dir_on_host": (
+        "/var/cache/v",
+        {},
+        lambda r, c, m: r.plugin(c).manager.settings.cache_dir_on_host,
+        "/var/cache/v",
+    ),
+    "inventory_refresh_s": ("7.5", {}, lambda r, c, m: r.plugin(c).publisher.refresh_s, 7.5),
+    "health_probe_s": ("2.5", {}, lambda r, c, m: r.plugin(c).monitor.probe_interval_s, 2.5),
+    "xid_recovery_s": ("33", {}, lambda r, c, m: r.plugin(c).monitor.recovery_s, 33.0),
+    "allocate_retry_s": ("4.5", {}, lambda r, c, m: r.plugin(c).manager.retry_s, 4.5),
+    "reconcile_s": ("12", {}, lambda r, c, m: r.plugin(c).config.reconcile_s, 12.0),
+    "watchdog": ("false", {}, lambda r, c, m: r.watchdog(c), None),
+    "watchdog_interval_s": ("0.5", {}, lambda r, c, m: r.watchdog(c).interval_s, 0.5),
+    "enforcement_steps": (
+        "event,evict",
+        {},
+        lambda r, c, m: [s.name.lower() for s in r.watchdog(c).ladder.steps],
+        ["event", "evict"],
+    ),
+    "enforcement_dry_run": ("true", {}, lambda r, c, m: r.watchdog(c).enforcer.dry_run, True),
+    "sm_window_s": ("12", {}, lambda r, c, m: r.watchdog(c).ladder.sm_window_s, 12.0),
+    "sm_tolerance": ("7", {}, lambda r, c, m: r.watchdog(c).ladder.sm_tolerance, 7.0),
+    "escalate_after_s": ("9", {}, lambda r, c, m: r.watchdog(c).ladder.escalate_after_s, 9.0),
+    "hard_memory_limits": ("false", {}, lambda r, c, m: r.watchdog(c).limiter.reason, "disabled"),
+    "proc_root": ("/host/proc", {}, lambda r, c, m: str(r.watchdog(c).resolver.proc_root), "/host/proc"),
+    "cgroup_root": ("/host/cg", {}, lambda r, c, m: r.watchdog(c).limiter.cgroup_root, "/host/cg"),
+    "pods_refresh_s": ("3", {}, lambda r, c, m: r.watchdog(c).pods_refresh_s, 3.0),
+    "metrics_port": (
+        "{port}",
+        {"epp_port": "0", "metrics_host": "127.0.0.1"},
+        lambda r, c, m: r.telemetry(c),
+        [("127.0.0.1", "{port}")],
+    ),
+    "epp_port": (
+        "{port}",
+        {"metrics_port": "0", "metrics_host": "127.0.0.1"},
+        lambda r, c, m: r.telemetry(c),
+        [("127.0.0.1", "{port}")],
+    ),
+    "metrics_host": ("127.0.0.1", {"metrics_port": "0", "epp_port": "0"}, lambda r, c, m: c.metrics_host, "127.0.0.1"),
+    "discovery_file": ("/run/eps.yaml", {}, lambda r, c, m: str(r.watchdog(c).after_cycle.path), "/run/eps.yaml"),
+    "discovery_port": (
+        "8080",
+        {"discovery_file": "/run/eps.yaml"},
+        lambda r, c, m: r.watchdog(c).after_cycle.port,
+        "8080",
+    ),
+    "fake_nvml": (str(SCENARIO), {}, lambda r, c, m: type(dp_main._nvml(c.fake_nvml)).__name__, "FakeNvml"),
+    "kubeconfig": (
+        "{tmp}/kubeconfig",
+        {},
+        lambda r, c, m: dp_main._api(c.kubeconfig).api_client.configuration.host,
+        "https://127.0.0.1:2",
+    ),
+    "log_level": ("warning", {}, lambda r, c, m: r.logging_after_main(m)[0], "warning"),
+    "log_format": ("json", {}, lambda r, c, m: r.logging_after_main(m)[1], "json"),
+}
+
+
+def test_the_table_covers_every_setting() -> None:
+    assert set(CASES) == {s.name for s in SCHEMA.settings()}
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.parametrize("source", ["flag", "env", "file"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_setting_reaches_its_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_logging: None, name: str, source: str
+) -> None:
+    raw, needs, probe, expected = CASES[name]
+    port = _free_port()
+    _kubeconfig(tmp_path)
+    by_name = {s.name: s for s in SCHEMA.settings()}
+    base = {"node_name": "node-a", "metrics_port": "0", "epp_port": "0", **needs}
+    base.pop(name, None)
+    argv = [a for k, v in base.items() for a in (by_name[k].flag, v)]
+    env: dict[str, str] = {}
+    value = raw.replace("{tmp}", str(tmp_path)).replace("{port}", str(port))
+    s = by_name[name]
+    if source == "flag":
+        argv += [s.flag, value]
+    elif source == "env":
+        env[s.env] = value
+    else:
+        (tmp_path / "dp.yaml").write_text(f"version: v1\n{s.file_key}: '{value}'\n")
+        argv += ["--config", str(tmp_path / "dp.yaml")]
+    rig = Rig(tmp_path, argv, env)
+    try:
+        seen = probe(rig, load(argv, env), monkeypatch)
+    finally:
+        rig.stop()
+    if expected == [("127.0.0.1", "{port}")]:
+        expected = [("127.0.0.1", port)]
+    assert seen == expected
