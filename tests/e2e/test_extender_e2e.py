@@ -1,4 +1,4 @@
-"""The real kube-scheduler calls our extender over HTTPS and binds through it (issue 3).
+"""The real kube-scheduler calls our extender over HTTPS and binds through it (docs/extender.md).
 
 The extender runs as its own process with the RBAC of deploy/manifests/extender.yaml; kube-scheduler
 runs the shipped deploy/scheduler/kube-scheduler-config.yaml with only the URL and CA filled in.
@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import ssl
 import time
+import urllib.error
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -258,7 +260,7 @@ def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
     bind that never created its Binding (a pod of another scheduler, never bound) expires after the bind grace
     inside the extender only; without the nudge the waiter would sit in kube-scheduler's unschedulable pool for
     `podMaxInUnschedulablePodsDuration` (5 min). The ghost's bind-time is forged far into the future: the
-    reservation still ends one bind grace after the extender first saw it (issue 15)."""
+    reservation still ends one bind grace after the extender first saw it, whatever bind-time it claims."""
     cp, _ext = vgpu
     core = client.CoreV1Api(cp.api_client())
     selector = gpu_nodes(cp, f"rq-{uuid.uuid4().hex[:5]}", 1, 1)
@@ -291,3 +293,36 @@ def test_capacity_freed_without_a_cluster_event_requeues_the_waiter(
         "waiter", namespace, timeout=5, condition=lambda p: ann.POD_REQUEUE in (p.metadata.annotations or {})
     )
     assert ann.decode_assignment(waiter.metadata.annotations[ann.POD_ASSIGNMENT]).slices()[0].uuid == gpu
+
+
+def test_without_a_client_certificate_every_verb_is_refused(vgpu: tuple[ControlPlane, Extender]) -> None:
+    """The extender's own CA signs kube-scheduler's certificate; a client that trusts the server but presents no
+    certificate, or one from the cluster CA (any kubeconfig user's), gets no answer at all: the handshake fails."""
+    cp, ext = vgpu
+    bare = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
+    other_ca = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
+    other_ca.load_cert_chain(*cp.ca.issue_client_cert("vgpu-extender").write(cp.pki_dir, "not-the-scheduler"))
+    body = {"PodName": "x", "PodNamespace": "default", "PodUID": "u", "Node": "n", "Pod": {}, "NodeNames": []}
+    for ctx in (bare, other_ca):
+        for verb in ("/filter", "/prioritize", "/bind", "/state"):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                ext.post(verb, body, ctx=ctx)
+    assert ext.get("/state")["version"] == "v1"  # with kube-scheduler's certificate: answered
+
+
+def test_bind_of_a_running_pod_changes_nothing(vgpu: tuple[ControlPlane, Extender], namespace: str) -> None:
+    cp, ext = vgpu
+    core = client.CoreV1Api(cp.api_client())
+    selector = gpu_nodes(cp, f"rebind-{uuid.uuid4().hex[:5]}", 2, 1)
+    core.create_namespaced_pod(namespace, _pod("victim", selector, _slice(90, 90)))
+    victim = cp.wait_for_pod("victim", namespace)
+    other = next(n for n in (f"{selector['kube-vgpu.e2e/group']}-0{i}" for i in (0, 1)) if n != victim.spec.node_name)
+    before = core.read_namespaced_pod("victim", namespace)
+    state_before = [x for x in ext.get("/state")["allocations"] if x["pod"] == f"{namespace}/victim"]
+    reply = ext.post(
+        "/bind", {"PodName": "victim", "PodNamespace": namespace, "PodUID": victim.metadata.uid, "Node": other}
+    )
+    assert "already bound to" in reply["Error"]
+    after = core.read_namespaced_pod("victim", namespace)
+    assert after.metadata.annotations == before.metadata.annotations and after.spec.node_name == victim.spec.node_name
+    assert [x for x in ext.get("/state")["allocations"] if x["pod"] == f"{namespace}/victim"] == state_before != []

@@ -136,6 +136,14 @@ class Extender:
         self.proc.popen.send_signal(signal.SIGKILL)
         self.proc.popen.wait(10)
 
+    def post(self, path: str, body: dict[str, Any], *, ctx: ssl.SSLContext | None = None) -> Any:
+        """POST as kube-scheduler does (with its client certificate unless `ctx` says otherwise)."""
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, context=ctx or self.ctx, timeout=5) as r:
+            return json.loads(r.read())
+
     def get(self, path: str, *, raw: bool = False) -> Any:
         with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
             body = r.read()

@@ -28,11 +28,13 @@ def running_extender(
     *args: str,
     cert: tuple[Path, Path] | None = None,
     ca: Path | None = None,
+    client: tuple[Path, Path] | None = None,
     env: dict[str, str] | None = None,
     prefix: list[str] | None = None,
     startup_timeout: float = 20,
 ) -> Iterator[str]:
-    """Yield the base URL of a running extender; the process is terminated (then killed) on exit."""
+    """Yield the base URL of a running extender; the process is terminated (then killed) on exit. `client` is the
+    certificate and key the readiness poll presents when the extender requires one (--client-ca-file)."""
     port = free_port()
     cmd = [
         *(prefix or []),
@@ -60,13 +62,20 @@ def running_extender(
     )
     url = f"{scheme}://127.0.0.1:{port}"
     verify: bool | ssl.SSLContext = ssl.create_default_context(cafile=str(ca)) if ca is not None else False
+    if client is not None:
+        if not isinstance(verify, ssl.SSLContext):
+            verify = ssl.create_default_context()
+            verify.check_hostname, verify.verify_mode = False, ssl.CERT_NONE
+        verify.load_cert_chain(*client)
+    # With --health-port the probes live on their own plain-HTTP port.
+    probe = f"http://127.0.0.1:{args[args.index('--health-port') + 1]}" if "--health-port" in args else url
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"extender exited with {proc.returncode}:\n{Path(log.name).read_text()}")
             try:
-                if httpx.get(f"{url}/healthz", verify=verify, timeout=1).status_code == 200:
+                if httpx.get(f"{probe}/healthz", verify=verify, timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

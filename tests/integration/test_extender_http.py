@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.extender_server import running_extender
+from tests.integration.extender_server import free_port, running_extender
 from vgpu.clusterfile import parse_cluster
 from webhook.certs import write_dev_certs
 
@@ -231,3 +231,87 @@ def test_tls_serving_with_a_verified_certificate(tmp_path: Path, cluster_file: P
         assert r.status_code == 200 and r.json()["NodeNames"] == NODES
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/healthz", verify=True)  # not trusted without our CA
+
+
+def _tls(ca: Path, client: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(*client)
+    return ctx
+
+
+@pytest.fixture
+def mtls(tmp_path: Path, cluster_file: Path) -> Any:
+    """An extender that requires client certificates signed by its own CA (as kube-scheduler's), with /state on and
+    probes on a separate plain port; yields (url, health url, CA, the scheduler's cert, a foreign CA's cert)."""
+    from tests.e2e.controlplane import CertificateAuthority
+
+    ca = CertificateAuthority("vgpu-extender-ca")
+    ca_file, _ = ca.keypair.write(tmp_path, "ca")
+    server = ca.issue_server_cert("vgpu-extender").write(tmp_path, "server")
+    scheduler = ca.issue_client_cert("vgpu-scheduler").write(tmp_path, "scheduler")
+    foreign = CertificateAuthority("someone-else").issue_client_cert("vgpu-scheduler").write(tmp_path, "foreign")
+    health = free_port()
+    args = ("--source", "file", "--cluster-file", str(cluster_file), "--client-ca-file", str(ca_file))
+    args += ("--enable-state", "--health-port", str(health))
+    with running_extender(*args, cert=server, ca=ca_file, client=scheduler) as url:
+        yield url, f"http://127.0.0.1:{health}", ca_file, scheduler, foreign
+
+
+REFUSED = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+VERBS = [
+    ("POST", "/filter", {"Pod": {}, "NodeNames": NODES}),
+    ("POST", "/prioritize", {"Pod": {}, "NodeNames": NODES}),
+    ("POST", "/bind", {"PodName": "existing", "PodNamespace": "llm", "PodUID": "u", "Node": "h100-a"}),
+    ("GET", "/state", None),
+    ("GET", "/healthz", None),
+    ("GET", "/metrics", None),
+]
+
+
+def test_mtls_refuses_every_verb_without_a_certificate_and_with_a_foreign_one(mtls: Any) -> None:
+    url, _health, ca, scheduler, foreign = mtls
+    for client in (None, foreign):
+        for method, path, body in VERBS:
+            with pytest.raises(REFUSED):  # the TLS handshake fails: no request reaches a handler
+                httpx.request(method, f"{url}{path}", json=body, verify=_tls(ca, client), timeout=5)
+    ok = httpx.post(
+        f"{url}/filter", json={"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": NODES}, verify=_tls(ca, scheduler)
+    )
+    assert ok.status_code == 200 and ok.json()["NodeNames"] == NODES
+    state = httpx.get(f"{url}/state", verify=_tls(ca, scheduler)).json()
+    assert [a["pod"] for a in state["allocations"]] == ["llm/existing"]  # the refused /bind changed nothing
+
+
+def test_probes_and_metrics_answer_on_the_plain_health_port_and_nothing_else_does(mtls: Any) -> None:
+    url, health, ca, scheduler, _foreign = mtls
+    assert httpx.get(f"{health}/healthz").text == "ok" and httpx.get(f"{health}/readyz").status_code == 200
+    assert "vgpu_gpu_memory_allocated_bytes" in httpx.get(f"{health}/metrics").text
+    for path in ("/filter", "/prioritize", "/bind"):
+        assert httpx.post(f"{health}{path}", json={}).status_code in (404, 405)
+    assert httpx.get(f"{health}/state").status_code == 404
+    # and the mTLS port no longer serves the probes (they live on the health port)
+    assert httpx.get(f"{url}/healthz", verify=_tls(ca, scheduler)).status_code == 404
+
+
+def test_state_is_off_unless_enabled(extender: str) -> None:
+    r = httpx.get(f"{extender}/state")
+    assert r.status_code == 404 and "--enable-state" in r.text
+
+
+def test_bind_of_a_pod_holding_an_assignment_changes_nothing(mtls: Any) -> None:
+    """llm/existing holds half of GPU 0 on h100-b (the cluster file): binding it anywhere is refused and the books
+    stay as they were, even after a /filter that carries its name with a bigger request."""
+    url, _health, ca, scheduler, _foreign = mtls
+    tls = _tls(ca, scheduler)
+    before = httpx.get(f"{url}/state", verify=tls).json()
+    squat = pod("existing", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "100"})
+    httpx.post(f"{url}/filter", json={"Pod": squat, "NodeNames": NODES}, verify=tls)
+    for node in ("h100-a", "h100-b"):
+        r = httpx.post(
+            f"{url}/bind",
+            json={"PodName": "existing", "PodNamespace": "llm", "PodUID": squat["metadata"]["uid"], "Node": node},
+            verify=tls,
+        )
+        assert "live assignment on h100-b" in r.json()["Error"]
+    assert httpx.get(f"{url}/state", verify=tls).json() == before
