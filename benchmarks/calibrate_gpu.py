@@ -1,4 +1,4 @@
-"""Measure on a real GPU what the P/D performance model assumes (issue 8; docs/pd-packing.md).
+"""Measure on a real GPU what the P/D performance model assumes (docs/pd-packing.md, "Calibration").
 
 For each MPS active-thread percentage (the SM share), runs in a fresh process:
 - decode: the time of one step of a Llama-3.1-8B-shaped layer stack at batch 1/16/64 (weights and a KV

@@ -10,7 +10,7 @@ reported on its own, and the measured run is the steady state of a running clust
 
 Baselines measured in the same run: GET /healthz (bare HTTP round trip) and a /filter + /prioritize of
 a pod that asks for no GPU (HTTP + JSON of 5,000 names, no placement work; with --sample, also at that many
-names, which is what the measured run sends). Targets (issue 2): filter+prioritize p50 <= 5 ms, p99 <= 20 ms,
+names, which is what the measured run sends). Targets (docs/extender.md, "Performance"): filter+prioritize p50 <= 5 ms, p99 <= 20 ms,
 >= 200 pods/s on one core.
 
 The client is one keep-alive HTTP/1.1 connection (http.client) with orjson bodies, as lean as kube-scheduler's

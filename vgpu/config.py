@@ -47,7 +47,7 @@ class RequestDefaults:
 
 @dataclass(frozen=True, slots=True)
 class RoleRules:
-    """Hard role rules and the weights of the role-aware score (DESIGN §5; measured in docs/pd-packing.md)."""
+    """Hard role rules and the weights of the role-aware score (docs/architecture.md, placement pipeline; measured in docs/pd-packing.md)."""
 
     # Hard: a GPU holding a prefill slice never has more than 100 % of SMs reserved, and every slice
     # on it has a real SM reservation (a best-effort neighbour would steal a compute-bound prefill's SMs).

@@ -1,4 +1,4 @@
-"""Pod roles in llm-d prefill/decode disaggregation, detected as DESIGN §4 prescribes."""
+"""Pod roles in llm-d prefill/decode disaggregation, detected by llm-d's conventions (docs/architecture.md, "Pod roles")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`vgpu pd-bench`: role-aware P/D packing measured with the performance model (issue 8, docs/pd-packing.md).
+"""`vgpu pd-bench`: role-aware P/D packing measured with the performance model (docs/pd-packing.md).
 
 Generates llm-d-style P/D workloads (`vgpu.perf.workload`), plays them through the planner under each
 compared configuration (`vgpu.perf.bench`), evaluates the model at every checkpoint for each s_sat and

@@ -1,6 +1,6 @@
 """The pod labels the webhook stamps: static slice facts that kube-vgpu's scheduler and llm-d's EPP read.
 
-EPP copies every pod label onto its endpoints (DESIGN §4), so these are visible to its filters and
+EPP copies every pod label onto its endpoints (docs/architecture.md, "Pod roles"), so these are visible to its filters and
 scorers without a plugin. Values are always valid label values (≤ 63 chars, alphanumeric at both ends).
 The per-vGPU facts describe the pod's first GPU-asking app container — the serving engine in vLLM and
 SGLang pods; `vgpu.io/vgpus` is the pod's total.

@@ -1,4 +1,4 @@
-"""`vgpu pd-bench` and the bench runner: configurations, role rules off, the targets of issue 8."""
+"""`vgpu pd-bench` and the bench runner: configurations, role rules off, the targets docs/pd-packing.md reports against."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Role rules (DESIGN §5): prefill SMs never oversubscribed, decode budget, P/D complementarity, locality."""
+"""Role rules (docs/architecture.md, placement pipeline): prefill SMs never oversubscribed, decode budget, P/D complementarity, locality."""
 
 from __future__ import annotations
 

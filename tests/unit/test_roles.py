@@ -1,4 +1,4 @@
-"""Role detection on real-shaped llm-d pods (DESIGN §4) and model identity for P/D locality."""
+"""Role detection on real-shaped llm-d pods (docs/architecture.md, "Pod roles") and model identity for P/D locality."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Performance model of prefill/decode pods on shared GPUs (issue 8; docs/pd-packing.md). Pure."""
+"""Performance model of prefill/decode pods on shared GPUs (docs/pd-packing.md). Pure."""

@@ -34,7 +34,7 @@ class BenchConfig:
 
 
 def configs() -> list[BenchConfig]:
-    """The compared configurations (issue 8), baselines first."""
+    """The compared configurations (docs/pd-packing.md, "Configurations"), baselines first."""
     off = RoleRules.off()
     return [
         BenchConfig(

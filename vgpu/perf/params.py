@@ -34,7 +34,9 @@ GPUS = {g.name: g for g in (H200, H100)}
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A served model: parameters, bytes per weight and KV bytes per token (issue 8's table, bf16 KV).
+    """A served model: parameters, bytes per weight and KV bytes per token.
+
+    KV per token (bf16) = layers * KV heads * head dim * 2 (K and V) * 2 bytes, from each model's config.
 
     SLOs are not fixed per model but derived from each deployment's isolated latency (`slo_scale`).
     """
@@ -65,7 +67,7 @@ MODELS = {
 
 Link = Literal["same-gpu", "nvlink", "pcie", "rack", "cross-rack"]
 
-# Effective link bandwidths in GB/s (issue 8): NVLink4 ~300 effective, PCIe5 x16 ~50, 400G RDMA ~50 line
+# Effective link bandwidths in GB/s (docs/pd-packing.md, Performance model): NVLink4 ~300 effective, PCIe5 x16 ~50, 400G RDMA ~50 line
 # rate (inside a rack), 200G ~25 (across racks, where the spine halves it). Same GPU: the KV stays in
 # HBM and is handed over (vLLM's IPC / CUDA VMM sharing), so only a copy at HBM speed remains.
 LINK_GB_S: dict[Link, float] = {"nvlink": 300.0, "pcie": 50.0, "rack": 50.0, "cross-rack": 25.0}
@@ -76,7 +78,7 @@ class PerfParams:
     """The knobs of the model; defaults are the sources' central values."""
 
     # Decode speed saturates at this SM share (MuxServe ICML'24 ~0.3; MuxWise/Drift: the fewest SMs that
-    # meet the SLO); issue 8 gives 0.2-0.5. beta = min(1, s / s_sat).
+    # meet the SLO); the sources span 0.2-0.5. beta = min(1, s / s_sat).
     s_sat: float = 0.35
     # Memory-bandwidth utilisation of one decode alone. Two vLLM processes under MPS on one A100 took
     # +19.5 % time per output token, TetriInfer's decode+decode +23 % latency: if each demands u of the

@@ -1,7 +1,7 @@
 """llm-d-style P/D deployments on a cluster of 8-GPU NVLink nodes in racks, with scale-ups and -downs.
 
 Pure: `generate(seed)` returns node inventories and an ordered list of events (pod created, pod deleted,
-checkpoint). Slice shapes follow issue 8 (an 8B decode with a large batch needs ~40 GB, a 32B bf16 needs
+checkpoint). Slice shapes follow docs/pd-packing.md (an 8B decode with a large batch needs ~40 GB, a 32B bf16 needs
 ~80 GB, a 70B fp8 prefill owns an H200, its decode runs TP2); P:D ratios are prefill-heavy as in llm-d's
 guides (gpt-oss-120b: 8 prefill GPUs to 8 decode GPUs), chosen so that each deployment's prefill and
 decode capacities are of the same order (`vgpu.perf.cluster.nominal` prints them).

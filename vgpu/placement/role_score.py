@@ -1,4 +1,4 @@
-"""Role-aware score terms (DESIGN §5), added to every policy's node score."""
+"""Role-aware score terms (docs/architecture.md, placement pipeline step 3), added to every policy's node score."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Modes of choosing among the planner's feasible nodes:
 - `best`: the highest fine score; ties go to the node first in the seed's fixed node order (the paper).
 - `prioritize`: what kube-scheduler does with our /prioritize answer: integer 0..10 priorities
   (`to_priorities`, the default rank mapping), then a uniformly random node of the top bucket.
-- `narrow`: the narrow filter (DESIGN §5): /filter keeps only the top bucket, /prioritize then re-buckets
+- `narrow`: the narrow filter (docs/architecture.md, pipeline step 5): /filter keeps only the top bucket, /prioritize then re-buckets
   those nodes (skipped when only one is left) and kube-scheduler picks randomly in the new top bucket.
 - `prioritize-minmax`, `narrow-minmax`: the same with min-max buckets, to show what that mapping costs.
 """
