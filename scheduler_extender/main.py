@@ -19,10 +19,9 @@ import uvicorn
 
 from scheduler_extender.app import create_app, create_health_app
 from scheduler_extender.service import ExtenderService, ServiceOptions
-from scheduler_extender.settings import ENV_PREFIX, ExtenderSettings, SettingsError, load
+from scheduler_extender.settings import ENV_PREFIX, SCHEMA, ExtenderSettings, SettingsError, read_text
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
-from vgpu.placement import registry
 from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.state import ClusterState
 
@@ -33,85 +32,8 @@ log = logging.getLogger("scheduler_extender")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vgpu-extender",
-        description="kube-scheduler extender for fractional, role-aware GPU placement (filter, prioritize, bind).",
-        epilog="Precedence: flags > VGPU_EXTENDER_* env > --config file > defaults. See docs/extender.md.",
-    )
-    p.add_argument("--config", type=Path, help="YAML settings file (version: v1)")
-    p.add_argument("--address", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="listen port (default 8888)")
-    p.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this PEM certificate")
-    p.add_argument("--tls-key-file", type=Path, help="PEM private key for --tls-cert-file")
-    sec = p.add_argument_group("client authentication", "who may call the verbs (docs/extender.md, Security)")
-    sec.add_argument(
-        "--client-ca-file", type=Path, metavar="PEM", help="require client certificates signed by this CA (mTLS)"
-    )
-    sec.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=None,
-        help="kube source without client certificates: anyone reaching the port can bind (development only)",
-    )
-    sec.add_argument(
-        "--health-port", type=int, metavar="PORT", help="plain-HTTP port with only /healthz, /readyz and /metrics"
-    )
-    sec.add_argument(
-        "--enable-state", action="store_true", default=None, help="serve GET /state on --port (off by default)"
-    )
-    p.add_argument(
-        "--source", choices=["kube", "file"], help="cluster state from the apiserver or a file (default kube)"
-    )
-    p.add_argument("--cluster-file", type=Path, help="cluster file for --source file")
-    p.add_argument("--persist", action="store_true", default=None, help="write binds back to --cluster-file")
-    p.add_argument("--kubeconfig", type=Path, help="kubeconfig path (default: in-cluster config)")
-    p.add_argument(
-        "--node-policy",
-        help=f"node placement policy, one of {', '.join(registry.production_names())} (default 'default')",
-    )
-    p.add_argument("--gpu-policy", choices=["binpack", "spread"], help="GPU order inside the node")
-    p.add_argument("--bind-grace-seconds", type=float, help="reservation lifetime of a bind without Binding (30)")
-    p.add_argument(
-        "--relearn-interval-seconds", type=float, help="how often a learning policy takes in arriving pods (60)"
-    )
-    p.add_argument(
-        "--requeue-max-pods",
-        type=int,
-        help="when capacity frees, nudge at most this many rejected pods so kube-scheduler retries them (50; 0 = off)",
-    )
-    p.add_argument(
-        "--requeue-interval-seconds",
-        type=float,
-        help="nudge one pending pod at most once per this many seconds; releases in between coalesce (2)",
-    )
-    le = p.add_argument_group(
-        "leader election", "several replicas, one serving; the others stand by with a synced view (docs/extender.md)"
-    )
-    le.add_argument("--leader-elect", action="store_true", default=None, help="take part in leader election")
-    le.add_argument("--leader-elect-resource-name", metavar="NAME", help="name of the Lease (default vgpu-extender)")
-    le.add_argument(
-        "--leader-elect-resource-namespace", metavar="NAMESPACE", help="namespace of the Lease (default kube-system)"
-    )
-    le.add_argument(
-        "--leader-elect-lease-duration-seconds",
-        type=float,
-        metavar="S",
-        help="a standby takes over an unrenewed lease after (15)",
-    )
-    le.add_argument(
-        "--leader-elect-renew-deadline-seconds",
-        type=float,
-        metavar="S",
-        help="a leader that cannot renew stops after (10)",
-    )
-    le.add_argument("--leader-elect-retry-period-seconds", type=float, metavar="S", help="acquire and renew every (2)")
-    le.add_argument("--pod-name", metavar="NAME", help="this replica's pod (downward API), labelled while it leads")
-    le.add_argument("--pod-namespace", metavar="NAMESPACE", help="namespace of --pod-name")
-    p.add_argument("--priority-mapping", choices=["rank", "minmax"], help="fine score to 0..10 (default rank)")
-    p.add_argument("--narrow-filter", action="store_true", default=None, help="return only the best-scored tier")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", choices=["text", "json"])
-    return p
+    """Every flag, with its description, default, env variable and file key, generated from ExtenderSettings."""
+    return SCHEMA.parser()
 
 
 def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
@@ -241,9 +163,8 @@ def _reap(service: ExtenderService, interval: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    flags = {k: v for k, v in vars(args).items() if k != "config"}
     try:
-        settings = load(flags=flags, env=os.environ, config_file=args.config)
+        settings = SCHEMA.load_args(args, os.environ, read_text)
     except SettingsError as exc:
         print(f"vgpu-extender: {exc}", file=sys.stderr)
         return 2

@@ -1,40 +1,44 @@
-"""Extender configuration (version v1): defaults, validation, and flags > env > file precedence.
+"""Extender configuration (version v1): one pydantic model with defaults, descriptions and validation.
 
-Env variables are `VGPU_EXTENDER_<FIELD>` in upper case (e.g. VGPU_EXTENDER_NODE_POLICY=spread);
-nested resource names use `VGPU_EXTENDER_RESOURCES__COUNT`. The file is YAML with `version: v1`.
+Flags, env variables, file keys and `--help` all come from this model through `vgpu.settings.Schema`
+(`SCHEMA` below); precedence flags > env > file > defaults. Env variables are `VGPU_EXTENDER_<FIELD>` in
+upper case (e.g. VGPU_EXTENDER_NODE_POLICY=spread); nested resource names use
+`VGPU_EXTENDER_RESOURCES__COUNT` (flag `--resources-count`). The file is YAML, `version: v1` optional.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vgpu.config import PlacementConfig, ResourceNames
 from vgpu.errors import UnknownPolicyError
 from vgpu.placement import registry
+from vgpu.settings import Schema, SettingsError
 
 ENV_PREFIX = "VGPU_EXTENDER_"
 
 
-class SettingsError(ValueError):
-    """Invalid configuration; the message names the field, the value's source and what is allowed."""
+__all__ = ["ENV_PREFIX", "SCHEMA", "ExtenderSettings", "ResourceNameSettings", "SettingsError", "load"]
 
 
 class ResourceNameSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    count: str = "nvidia.com/gpu"
-    memory: str = "nvidia.com/gpumem"
-    memory_percentage: str = "nvidia.com/gpumem-percentage"
-    cores: str = "nvidia.com/gpucores"
-    priority: str = "nvidia.com/priority"
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+    count: str = Field(default="nvidia.com/gpu", description="resource name of the GPU count")
+    memory: str = Field(default="nvidia.com/gpumem", description="resource name of GPU memory (MiB)")
+    memory_percentage: str = Field(
+        default="nvidia.com/gpumem-percentage", description="resource name of GPU memory in percent"
+    )
+    cores: str = Field(default="nvidia.com/gpucores", description="resource name of the SM share")
+    priority: str = Field(default="nvidia.com/priority", description="resource name of the priority")
 
 
 class ExtenderSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
     version: Literal["v1"] = "v1"
     address: str = Field(default="0.0.0.0", description="listen address")
@@ -113,8 +117,8 @@ class ExtenderSettings(BaseModel):
     )
     pod_namespace: str | None = Field(default=None, description="namespace of pod_name")
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
+    log_format: Literal["text", "json"] = Field(default="text", description="text, or json for one object per line")
     resources: ResourceNameSettings = Field(default_factory=ResourceNameSettings)
 
     @model_validator(mode="after")
@@ -159,51 +163,42 @@ class ExtenderSettings(BaseModel):
         return None
 
     def placement(self) -> PlacementConfig:
-        return PlacementConfig(
-            node_policy=self.node_policy, gpu_policy=self.gpu_policy, narrow_filter=self.narrow_filter
-        )
+        """Every setting named like a PlacementConfig field, passed by name: a placement setting cannot be accepted,
+        validated and then dropped here (as --priority-mapping once was); tests pin which fields these are."""
+        given = PLACEMENT_SETTINGS & set(type(self).model_fields)
+        return PlacementConfig(**{name: getattr(self, name) for name in sorted(given)})
 
     def resource_names(self) -> ResourceNames:
         r = self.resources
         return ResourceNames(r.count, r.memory, r.memory_percentage, r.cores, r.priority)
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in env.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
-        name = key[len(ENV_PREFIX) :].lower()
-        if "__" in name:
-            outer, inner = name.split("__", 1)
-            out.setdefault(outer, {})[inner] = value
-        else:
-            out[name] = value
-    return out
+PLACEMENT_SETTINGS = frozenset(f.name for f in dataclasses.fields(PlacementConfig))
+
+SCHEMA: Schema[ExtenderSettings] = Schema(
+    model=ExtenderSettings,
+    prog="vgpu-extender",
+    description="kube-scheduler extender for fractional, role-aware GPU placement (filter, prioritize, bind).",
+    env_prefix=ENV_PREFIX,
+    require_version=False,
+    epilog="Every option is also an environment variable (VGPU_EXTENDER_<OPTION>, nested: "
+    "VGPU_EXTENDER_RESOURCES__COUNT) and a key of the --config file. Precedence: flags > environment > file > "
+    "defaults. See docs/extender.md.",
+)
+
+
+def read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 def load(*, flags: Mapping[str, Any], env: Mapping[str, str], config_file: Path | None) -> ExtenderSettings:
-    """Merge file < env < flags (flags that were not given are None and do not count)."""
-    merged: dict[str, Any] = {}
+    """Merge file < env < flags; `flags` maps field names (nested: `resources__count`) to values, None = not given."""
+    layers = []
     if config_file is not None:
         try:
-            doc = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            text = read_text(str(config_file))
+        except OSError as exc:
             raise SettingsError(f"config file {config_file}: {exc}") from None
-        if not isinstance(doc, dict):
-            raise SettingsError(f"config file {config_file}: expected a mapping at the top level")
-        merged.update(doc)
-    for layer in (_from_env(env), {k: v for k, v in flags.items() if v is not None}):
-        for key, value in layer.items():
-            if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = {**merged[key], **value}
-            else:
-                merged[key] = value
-    try:
-        return ExtenderSettings.model_validate(merged)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise SettingsError(f"invalid extender settings: {problems}") from None
+        layers.append(SCHEMA.from_yaml(text, str(config_file)))
+    layers += [SCHEMA.from_env(env), SCHEMA.from_flags(flags)]
+    return SCHEMA.build(*layers)
