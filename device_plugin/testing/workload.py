@@ -22,22 +22,8 @@ class PlacedPod:
     uid: str
     assignment: ann.Assignment
 
-    def containers(self, image: str = "registry.invalid/vllm:1") -> list[dict[str, Any]]:
-        """Spec containers whose requests resolve to the assignment (explicit gpumem and gpucores)."""
-        return [
-            {
-                "name": c.name,
-                "image": image,
-                "resources": {
-                    "limits": {
-                        "nvidia.com/gpu": str(len(c.devices)),
-                        "nvidia.com/gpumem": str(c.devices[0].memory_mib),
-                        "nvidia.com/gpucores": str(c.devices[0].cores),
-                    }
-                },
-            }
-            for c in self.assignment.containers
-        ]
+    def containers(self) -> list[dict[str, Any]]:
+        return spec_containers(self.assignment)
 
     def record(self, *, namespace: str, node: str, bind_time: str) -> PodRecord:
         """As the device plugin reads it from the apiserver: bind-phase allocating, on `node`."""
@@ -51,6 +37,24 @@ class PlacedPod:
             assignment=self.assignment,
             spec={"spec": {"containers": self.containers()}},
         )
+
+
+def spec_containers(a: ann.Assignment, image: str = "registry.invalid/vllm:1") -> list[dict[str, Any]]:
+    """Pod spec containers whose requests resolve to the assignment (explicit gpumem and gpucores)."""
+    return [
+        {
+            "name": c.name,
+            "image": image,
+            "resources": {
+                "limits": {
+                    "nvidia.com/gpu": str(len(c.devices)),
+                    "nvidia.com/gpumem": str(c.devices[0].memory_mib),
+                    "nvidia.com/gpucores": str(c.devices[0].cores),
+                }
+            },
+        }
+        for c in a.containers
+    ]
 
 
 def pod_uid(seed: int, i: int) -> str:

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from device_plugin.nvml import real
 from device_plugin.podresources import PodResourcesClient
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.kubelet import FakeKubelet
+from device_plugin.testing.workload import placed_pods, spec_containers
 from vgpu import annotations as ann
 
 from .controlplane import ControlPlane
@@ -67,14 +67,8 @@ class Node:
 
     def bind_like_the_extender(self, name: str, a: ann.Assignment, i: int) -> None:
         """Create the pod, write assignment + bind-phase allocating + bind-time, then the binding."""
-        containers: list[dict[str, Any]] = [
-            {
-                "name": c.name,
-                "image": "registry.invalid/vllm:1",
-                "resources": {"limits": {"nvidia.com/gpu": str(len(c.devices))}},
-            }
-            for c in a.containers
-        ]
+        # Requests that resolve to exactly the assignment: the plugin refuses anything else (assignment_check).
+        containers = spec_containers(a)
         self.core.create_namespaced_pod(
             self.namespace, {"metadata": {"name": name}, "spec": {"containers": containers}}
         )
@@ -112,19 +106,9 @@ def node(control_plane: ControlPlane, namespace: str) -> Iterator[Node]:
 
 
 def assignments(node: Node, count: int, seed: int) -> dict[str, ann.Assignment]:
-    rng = random.Random(seed)
-    uuids = [g.uuid for g in node.plugin.gpus]
-    holders = dict.fromkeys(uuids, 0)
-    out = {}
-    for i in range(count):
-        k = 1 if rng.random() < 0.8 else 2
-        gpus = sorted(holders, key=lambda u: (holders[u], rng.random()))[:k]
-        for u in gpus:
-            holders[u] += 1
-        cores = rng.choice([10, 30])  # one request per container: every vGPU of it has the same cores
-        devices = tuple(ann.DeviceSlice(u, uuids.index(u), rng.choice([4096, 8192, 20480]), cores) for u in gpus)
-        out[f"p{i:02d}"] = ann.Assignment(node=node.name, containers=(ann.ContainerAssignment("vllm", devices),))
-    return out
+    """One GPU container per pod, 1-2 vGPUs, all of them together within every GPU's memory, cores and split."""
+    placed = placed_pods(node.plugin.gpus, count, seed, node=node.name, max_containers=1)
+    return {f"p{i:02d}": p.assignment for i, p in enumerate(placed)}
 
 
 def admit_and_check(node: Node, name: str, a: ann.Assignment) -> None:
@@ -134,7 +118,8 @@ def admit_and_check(node: Node, name: str, a: ann.Assignment) -> None:
     assert [resp.envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] for i in range(len(c.devices))] == [
         f"{d.memory_mib}m" for d in c.devices
     ]
-    assert resp.envs["CUDA_DEVICE_SM_LIMIT"] == str(c.devices[0].cores)
+    cores = c.devices[0].cores
+    assert resp.envs.get("CUDA_DEVICE_SM_LIMIT") == (str(cores) if cores else None)
 
 
 def wait_phases(node: Node, names: list[str], want: str = "allocated", timeout: float = 20.0) -> None:
