@@ -266,3 +266,23 @@ def test_every_setting_reaches_its_user(
     if expected == [("127.0.0.1", "{port}")]:
         expected = [("127.0.0.1", port)]
     assert seen == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "err"),
+    [
+        (["--cache-dir-on-host", "relative/dir"], "absolute path"),
+        (["--cache-dir-on-host", "/var/run/../../etc"], "without '..'"),
+        (["--resource-memory", "nvidia.com/gpu"], "distinct"),
+        (["--resource-cores", ""], "non-empty"),
+    ],
+)
+def test_unsafe_cache_dir_and_clashing_request_names_are_rejected(argv: list[str], err: str) -> None:
+    with pytest.raises(ValueError, match=err):
+        load(["--node-name", "n", *argv], {})
+
+
+def test_request_names_follow_the_extenders_settings() -> None:
+    c = load(["--node-name", "n", "--resource-name", "example.com/vgpu", "--resource-memory", "example.com/mem"], {})
+    names = c.resource_names()
+    assert (names.count, names.memory, names.cores) == ("example.com/vgpu", "example.com/mem", "nvidia.com/gpucores")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from device_plugin.matching import MatchError, match, pending_containers, preferred
+from device_plugin.matching import MatchError, holding, match, pending_containers, preferred
 from device_plugin.pods import KubeletView, PodRecord
 from vgpu.annotations import Assignment, BindPhase, ContainerAssignment, DeviceSlice
 
@@ -130,3 +132,17 @@ def test_preferred_steers_to_assigned_gpus_in_assignment_order(
 def test_preferred_gives_no_opinion_when_ambiguous() -> None:
     pods = [pod("a", ("c", [0])), pod("b", ("c", [1]))]
     assert preferred([f"{g}::0" for g in GPUS], [], 1, pods, node=NODE, kubelet=None, served=set()) == []
+
+
+def test_holding_counts_allocated_served_and_kubelet_held_pods_only() -> None:
+    allocated = pod("alloc", ("c", [0]), phase=BindPhase.ALLOCATED)
+    served = pod("served", ("c", [1]))
+    in_kubelet = pod("kubelet", ("c", [2]))
+    pending = pod("pending", ("c", [3]))  # reserved by the extender, not yet admitted: not holding
+    done = dataclasses.replace(pod("done", ("c", [0]), phase=BindPhase.ALLOCATED), phase="Succeeded")
+    deleting = pod("deleting", ("c", [0]), phase=BindPhase.ALLOCATED, deleting=True)  # still running
+    me = pod("me", ("c", [0]), phase=BindPhase.ALLOCATED)  # the pod being vetted is not its own holder
+    pods = [allocated, served, in_kubelet, pending, done, deleting, me]
+    view = known(devices={("ns/kubelet", "c"): ("x::0",)})
+    got = holding(pods, node=NODE, kubelet=view, served={("uid-served", "c")}, exclude_uid="uid-me")
+    assert sorted(h.pod for h in got) == ["ns/alloc", "ns/deleting", "ns/kubelet", "ns/served"]
