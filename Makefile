@@ -1,10 +1,11 @@
-# Developer entry points. Every target runs inside .venv, which hack/venv.sh creates on first use and
-# refreshes only when pyproject.toml changes.
+# Developer entry points. Every target runs inside .venv, which hack/venv.sh creates on first use from the
+# hash-pinned requirements/dev.lock and refreshes only when pyproject.toml or the lock changes.
 VENV ?= .venv
 BIN := $(VENV)/bin
 IMAGE ?= kube-vgpu:dev
+LOCK_FLAGS ?=
 
-.PHONY: help venv demo test lint fmt image clean
+.PHONY: help venv lock demo test lint fmt image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -12,10 +13,17 @@ help: ## list the targets
 venv: ## create/refresh .venv (idempotent)
 	@VENV=$(VENV) hack/venv.sh
 
+lock: venv ## re-resolve requirements/{dev,runtime}.lock after changing pyproject.toml (LOCK_FLAGS=--upgrade: newest of all)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 --generate-hashes \
+		$(LOCK_FLAGS) --custom-compile-command "make lock" --quiet -o requirements/dev.lock
+	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+		$(LOCK_FLAGS) --custom-compile-command "make lock" --quiet -o requirements/runtime.lock
+	@VENV=$(VENV) hack/venv.sh
+
 demo: venv ## replay the bundled llm-d P/D workload onto the embedded cluster (no cluster needed)
 	$(BIN)/vgpu demo
 
-test: venv ## run the whole test suite
+test: venv ## run the whole test suite; the first run builds the tools it needs first (etcd, kube-apiserver, ...)
 	$(BIN)/python -m pytest -q
 
 lint: venv ## ruff, formatting, mypy --strict and the import-linter contracts

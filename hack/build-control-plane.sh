@@ -42,6 +42,8 @@ for arg in "$@"; do
 done
 
 log() { echo "[build-control-plane] $*" >&2; }
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 
 have_all() {
   local b
@@ -73,6 +75,7 @@ if (( ! force )) && have_all; then   # someone else built it while we waited
 fi
 
 start=$(date +%s)
+build_banner "kube-apiserver, kube-scheduler and kubectl (k8s.io/kubernetes $K8S_VERSION)" "5 to 20 minutes" "$WORK"
 WRAP="$WORK/wrapper"
 rm -rf "$WRAP"
 mkdir -p "$WRAP"
@@ -120,8 +123,8 @@ pkgs=()
 for b in "${BINARIES[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
 
 # Resolve the full module graph for the packages we build (adds go.sum entries and any missing requires).
-log "go get ${pkgs[*]}"
-if ! go get "${pkgs[@]/%/@$K8S_VERSION}" 2> >(tee "$WORK/go-get.log" >&2); then
+log "go get ${pkgs[*]} (downloads the module graph; output in $WORK/go-get.log)"
+if ! progress_run "resolving modules" "$WORK/go-get.log" go get "${pkgs[@]/%/@$K8S_VERSION}"; then
   log "go get failed; a module the build needs is probably missing from the module proxy:"
   grep -E 'reading|not found|unknown revision|410 Gone|404' "$WORK/go-get.log" >&2 || true
   log "try a neighbouring release with KUBE_VGPU_K8S_VERSION=..."
@@ -144,8 +147,9 @@ done
 tmpbin="$WORK/bin.tmp.$$"
 rm -rf "$tmpbin"; mkdir -p "$tmpbin"
 trap 'rm -rf "$tmpbin"' EXIT
-log "building (CGO_ENABLED=0, nice 10); a cold build takes a long while on 2 cores"
-CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$tmpbin/" "${pkgs[@]}"
+log "compiling (CGO_ENABLED=0, nice 10; about 2,000 packages; output in $WORK/build.log)"
+progress_run "control plane" "$WORK/build.log" \
+  env CGO_ENABLED=0 nice -n 10 go build -v -trimpath -ldflags "$ldflags" -o "$tmpbin/" "${pkgs[@]}"
 
 mkdir -p "$BIN"
 for b in "${BINARIES[@]}"; do mv -f "$tmpbin/$b" "$BIN/$b"; done

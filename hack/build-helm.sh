@@ -33,8 +33,8 @@ ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$VERSION"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
 done
-log "building helm.sh/helm/v3/cmd/helm@$VERSION (Kubernetes 1.$k8s_minor by default, CGO_ENABLED=0, nice 10) ..."
-GOBIN="$tmp" nice -n 10 go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$VERSION"
+build_banner "helm $VERSION (helm.sh/helm/v3/cmd/helm, Kubernetes 1.$k8s_minor by default)" "a few minutes" "$WORK"
+progress_run helm "$BUILD_LOG" env GOBIN="$tmp" nice -n 10 go install -v -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$VERSION"
 "$tmp/helm" version --short >/dev/null || { log "the built helm does not run"; exit 1; }
 mv -f "$tmp/helm" "$BIN"
 log "built $BIN in $(( $(date +%s) - start )) s"

@@ -15,6 +15,8 @@ OUT="$CACHE_ROOT/kwok-$KWOK_VERSION"
 STAGES=(node/fast/node-initialize.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
 
 log() { echo "[build-kwok] $*" >&2; }
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 
 if [[ -x "$OUT/bin/kwok" && -d "$OUT/stages" ]]; then
   log "cached: $OUT/bin/kwok"
@@ -28,10 +30,10 @@ if [[ -x "$OUT/bin/kwok" && -d "$OUT/stages" ]]; then echo "$OUT/bin/kwok"; exit
 
 export GOFLAGS="${GOFLAGS:--buildvcs=false}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 start=$(date +%s)
-log "go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION (CGO_ENABLED=0, nice 10)"
+build_banner "kwok (sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION, CGO_ENABLED=0, nice 10)" "a few minutes" "$OUT"
 rm -rf "$OUT/bin.tmp"
-GOBIN="$OUT/bin.tmp" CGO_ENABLED=0 nice -n 10 go install -trimpath -ldflags "-s -w" \
-  "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+progress_run kwok "$OUT/build.log" env GOBIN="$OUT/bin.tmp" CGO_ENABLED=0 nice -n 10 \
+  go install -v -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 
 # The stage configs ship in the module (kustomize/stage/...); without stages kwok does nothing.
 src=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')

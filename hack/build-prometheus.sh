@@ -17,16 +17,21 @@
 #     and file SD stay, and the build is several times smaller and faster.
 # The binary is moved into place atomically; concurrent callers are serialised with flock.
 set -euo pipefail
+# The whole script is one function, so that bash has read all of it before running any: editing this file
+# while a build runs cannot break that build.
+main() {
 
 VERSION="${KUBE_VGPU_PROMETHEUS_VERSION:-v0.316.0}"
 # shellcheck source=hack/lib/go-tool.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/go-tool.sh"
 go_tool_begin prometheus github.com/prometheus/prometheus 18 "$@"
 
-log "building github.com/prometheus/prometheus/cmd/prometheus@$VERSION (tags remove_all_sd) ..."
-GOBIN="$tmp" GOFLAGS="${GOFLAGS:--buildvcs=false}" nice -n 10 \
-  go install -tags remove_all_sd -trimpath -ldflags "-s -w" \
+build_banner "prometheus $VERSION (github.com/prometheus/prometheus/cmd/prometheus, tags remove_all_sd)" "a few minutes" "$WORK"
+progress_run prometheus "$BUILD_LOG" env GOBIN="$tmp" GOFLAGS="${GOFLAGS:--buildvcs=false}" nice -n 10 \
+  go install -v -tags remove_all_sd -trimpath -ldflags "-s -w" \
   "github.com/prometheus/prometheus/cmd/prometheus@$VERSION"
 mv -f "$tmp/prometheus" "$BIN"
 log "built $BIN in $(( $(date +%s) - start )) s"
 echo "$BIN"
+}
+main "$@"

@@ -28,6 +28,8 @@ GO_ETCD="$GO_DIR/bin/etcd"
 SOURCE="${KUBE_VGPU_ETCD_SOURCE:-go}"
 
 log() { echo "[install-etcd] $*" >&2; }
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 
 if [[ -n "${KUBE_VGPU_ETCD:-}" ]]; then
   [[ -x "$KUBE_VGPU_ETCD" ]] || { log "KUBE_VGPU_ETCD=$KUBE_VGPU_ETCD is not executable"; exit 1; }
@@ -66,7 +68,7 @@ from_go() {
     mkdir -p "$GO_DIR"
     exec 8>"$GO_DIR/.lock"; flock 8
     if [[ ! -x "$GO_ETCD" ]]; then
-      log "building etcd from go.etcd.io/etcd/server/v3@$ETCD_GO_VERSION (CGO_ENABLED=0, nice 10)"
+      build_banner "etcd from go.etcd.io/etcd/server/v3@$ETCD_GO_VERSION (CGO_ENABLED=0, nice 10)" "a minute or two" "$GO_DIR"
       local start; start=$(date +%s)
       rm -rf "$GO_DIR/wrapper"; mkdir -p "$GO_DIR/wrapper/etcd"
       (
@@ -74,9 +76,12 @@ from_go() {
         export GOFLAGS="${GOFLAGS:--buildvcs=false}" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
         printf 'module kube-vgpu.local/etcd\n\ngo 1.24\n' > go.mod
         printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' > etcd/main.go
-        go get "go.etcd.io/etcd/server/v3@$ETCD_GO_VERSION" >&2
-        go mod tidy >&2
-        CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$GO_DIR/bin.tmp/etcd" ./etcd
+        # (set -e does not apply inside a subshell tested with ||: each step says so itself)
+        progress_run "resolving etcd's modules" "$GO_DIR/go-get.log" \
+          go get "go.etcd.io/etcd/server/v3@$ETCD_GO_VERSION" || exit 1
+        progress_run "resolving etcd's modules" "$GO_DIR/go-tidy.log" go mod tidy || exit 1
+        progress_run etcd "$GO_DIR/build.log" \
+          env CGO_ENABLED=0 nice -n 10 go build -v -trimpath -ldflags "-s -w" -o "$GO_DIR/bin.tmp/etcd" ./etcd || exit 1
       ) || return 1
       rm -rf "$GO_DIR/bin"; mv "$GO_DIR/bin.tmp" "$GO_DIR/bin"
       log "built in $(( $(date +%s) - start ))s"

@@ -8,9 +8,17 @@ error is returned, for the fixture to raise again, so that every test that needs
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+
+
+def cache_root() -> Path:
+    """Where the hack/ scripts cache their builds (the same rule as theirs)."""
+    return Path(os.environ.get("KUBE_VGPU_CACHE") or Path.home() / ".cache" / "kube-vgpu")
 
 
 def uses_fixture(session: pytest.Session, name: str) -> bool:
@@ -23,13 +31,17 @@ def build_before_tests(
     """Run `build` (it returns where the tool is, to report) with capture off; its error, if any."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"{label}: building/locating {what} (cached) ...")
+        reporter.write_line(
+            f"{label}: {what}: taken from the cache {cache_root()} or built now, before any test starts "
+            "(a first build takes minutes to tens of minutes on 2 cores; later runs reuse it) ..."
+        )
     capman = session.config.pluginmanager.get_plugin("capturemanager")
+    started = time.monotonic()
     try:
         with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
             where = build()
     except Exception as e:  # re-raised by the fixture
         return e
     if reporter is not None:
-        reporter.write_line(f"{label}: {where}")
+        reporter.write_line(f"{label}: ready in {time.monotonic() - started:.0f} s: {where}")
     return None

@@ -5,8 +5,12 @@
 #
 #   go_tool_begin <tool> <module> <last help line of the script> "$@"
 #
-# Afterwards WORK, BIN, tmp and start are set and `log` prints with the script's prefix; when the tool is
-# cached (or only its path was asked) the function has already printed the path and exited.
+# Afterwards WORK, BIN, BUILD_LOG, tmp and start are set, `log` prints with the script's prefix and
+# hack/lib/progress.sh's build_banner / progress_run are loaded; when the tool is cached (or only its path
+# was asked) the function has already printed the path and exited.
+
+# shellcheck source=hack/lib/progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 
 go_tool_begin() {
   local module=$2 help_to=$3
@@ -15,6 +19,7 @@ go_tool_begin() {
   local cache_root="${KUBE_VGPU_CACHE:-$HOME/.cache/kube-vgpu}"
   WORK="$cache_root/$TOOL-$VERSION"
   BIN="$WORK/bin/$TOOL"
+  BUILD_LOG="$WORK/build.log"
 
   local print_only=0 force=0 arg
   for arg in "$@"; do

@@ -4,6 +4,10 @@
 (``hack/build-control-plane.sh``, built on first use). It is skipped only when ``KUBE_VGPU_SKIP_E2E=1``;
 a failure to build or start is an error. ``namespace`` (function): a fresh namespace per test.
 ``kwok``: the same control plane with KWOK's controller running (``hack/build-kwok.sh``).
+``prometheus_bin`` (session): the Prometheus server binary (``hack/build-prometheus.sh``).
+
+Every tool a selected test needs is built in ``pytest_collection_finish``, before the first test starts, so a
+cold build (tens of minutes on 2 cores) never counts against a test's timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pytest
 
 from tests.prebuild import build_before_tests, uses_fixture
 
-from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries, ensure_kwok
+from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries, ensure_kwok, ensure_prometheus
 
 _E2E_DIR = Path(__file__).resolve().parent
 
@@ -33,26 +37,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _build_error: BaseException | None = None
+_prometheus_error: BaseException | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build/install the binaries once, before any test runs, so a cold build (minutes) is not counted
-    against the per-test timeout. Only when a selected test uses the control plane; errors are raised
-    again by the ``control_plane`` fixture, i.e. every e2e test errors loudly."""
-    global _build_error
+    against the per-test timeout. Only the tools that a selected test uses; errors are raised again by
+    the fixtures (``control_plane``, ``prometheus_bin``), i.e. every test that needs the tool errors loudly."""
+    global _build_error, _prometheus_error
     if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1" or session.config.option.collectonly:
         return
-    if not uses_fixture(session, "control_plane"):
-        return
-    with_kwok = uses_fixture(session, "kwok")
+    if uses_fixture(session, "control_plane"):
+        with_kwok = uses_fixture(session, "kwok")
 
-    def build() -> str:
-        bin_dir, etcd = ensure_binaries()
-        if with_kwok:
-            ensure_kwok()
-        return f"binaries in {bin_dir}, etcd {etcd}"
+        def build() -> str:
+            bin_dir, etcd = ensure_binaries()
+            if with_kwok:
+                ensure_kwok()
+            return f"binaries in {bin_dir}, etcd {etcd}" + (", kwok" if with_kwok else "")
 
-    _build_error = build_before_tests(session, "e2e", "kube-apiserver, kube-scheduler and etcd", build)
+        what = "kube-apiserver, kube-scheduler, kubectl and etcd" + (" and kwok" if with_kwok else "")
+        _build_error = build_before_tests(session, "e2e", what, build)
+    if uses_fixture(session, "prometheus_bin"):
+        _prometheus_error = build_before_tests(
+            session, "e2e", "the Prometheus server", lambda: str(ensure_prometheus())
+        )
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> str:
+    """The Prometheus server binary, built before the tests started (see pytest_collection_finish)."""
+    if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1":
+        pytest.skip("KUBE_VGPU_SKIP_E2E=1: end-to-end tests are skipped")
+    if _prometheus_error is not None:
+        raise ControlPlaneError(f"building Prometheus failed: {_prometheus_error}") from _prometheus_error
+    return str(ensure_prometheus())
 
 
 @pytest.fixture(scope="session")

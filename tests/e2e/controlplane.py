@@ -416,6 +416,11 @@ def ensure_kwok() -> Path:
     return Path(os.environ.get("KUBE_VGPU_KWOK") or _run_hack("build-kwok.sh"))
 
 
+def ensure_prometheus() -> Path:
+    """The Prometheus server binary (``KUBE_VGPU_PROMETHEUS`` or ``hack/build-prometheus.sh``, built on first use)."""
+    return Path(os.environ.get("KUBE_VGPU_PROMETHEUS") or _run_hack("build-prometheus.sh"))
+
+
 def _etcd_version(etcd: Path) -> tuple[int, ...]:
     out = subprocess.run([str(etcd), "--version"], capture_output=True, text=True, check=False).stdout
     m = re.search(r"etcd Version:\s*(\d+)\.(\d+)\.(\d+)", out)

@@ -1,4 +1,4 @@
-"""A real Prometheus (hack/build-prometheus.sh) scrapes our exporters on a fake-NVML node: the node exporter,
+"""A real Prometheus (hack/build-prometheus.sh, built before the tests start) scrapes our exporters on a fake-NVML node: the node exporter,
 the EPP feed and the extender's allocation view. Every query of the Grafana dashboard must return data.
 
 No Kubernetes control plane is needed: the node runs on device_plugin.testing.node_sim and the extender's
@@ -8,7 +8,6 @@ metrics are served from a ClusterState holding the same node and assignments.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -39,15 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "kube-vgpu-dashboard.json"
 # Grafana variables -> values Prometheus understands (all nodes, a rate window a few scrapes long).
 GRAFANA_VARS = {"$__rate_interval": "30s", "$Hostname": ".*", "${Hostname}": ".*"}
-
-
-def prometheus_binary() -> str:
-    if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1":
-        pytest.skip("KUBE_VGPU_SKIP_E2E=1")
-    out = subprocess.run(
-        [str(REPO / "hack" / "build-prometheus.sh")], check=True, capture_output=True, text=True, timeout=3600
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def free_port() -> int:
@@ -131,8 +121,8 @@ def exporters(tmp_path: Path) -> Iterator[dict[str, int]]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, exporters: dict[str, int]) -> Iterator[str]:
-    binary = prometheus_binary()
+def prometheus(tmp_path: Path, exporters: dict[str, int], prometheus_bin: str) -> Iterator[str]:
+    binary = prometheus_bin  # built before the tests started (tests/e2e/conftest.py), not in this test's timeout
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
