@@ -252,8 +252,8 @@ def mtls(tmp_path: Path, cluster_file: Path) -> Any:
     scheduler = ca.issue_client_cert("vgpu-scheduler").write(tmp_path, "scheduler")
     foreign = CertificateAuthority("someone-else").issue_client_cert("vgpu-scheduler").write(tmp_path, "foreign")
     health = free_port()
-    args = ("--source", "file", "--cluster-file", str(cluster_file), "--client-ca-file", str(ca_file))
-    args += ("--enable-state", "--health-port", str(health))
+    args = ["--source", "file", "--cluster-file", str(cluster_file), "--client-ca-file", str(ca_file)]
+    args += ["--enable-state", "--health-port", str(health)]
     with running_extender(*args, cert=server, ca=ca_file, client=scheduler) as url:
         yield url, f"http://127.0.0.1:{health}", ca_file, scheduler, foreign
 
