@@ -347,7 +347,8 @@ class Schema(Generic[M]):
         """Every setting with its flag, env variable, file key, default and description (for the docs)."""
         rows = ["| flag | env | file key | default | description |", "|---|---|---|---|---|"]
         for s in self.settings():
-            desc = s.description.replace("|", "\\|")
+            desc = s.description + (f" (one of: {', '.join(s.choices)})" if s.choices else "")
+            desc = desc.replace("|", "\\|")
             rows.append(f"| `{s.flag}` | `{s.env}` | `{s.file_key}` | `{_show(s.default)}` | {desc} |")
         return "\n".join(rows)
 
