@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import Extender
+from tests.e2e.vgpu_stack import Extender, lease_rbac
 from vgpu import annotations as ann
 
 NS = "kube-system"
@@ -69,6 +69,7 @@ def _wait_one_leader(exts: list[Extender], timeout: float) -> tuple[Extender, fl
 @pytest.fixture
 def replicas(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, list[Extender]]]:
     lease = f"vgpu-extender-{uuid.uuid4().hex[:6]}"
+    lease_rbac(control_plane, lease)  # the shipped Role names only the default Lease
     core = client.CoreV1Api(control_plane.api_client())
     exts = []
     for name in ("ext-a", "ext-b"):

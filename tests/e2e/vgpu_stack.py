@@ -66,6 +66,25 @@ def extender_rbac(cp: ControlPlane) -> None:
     _created(rbac_api.create_namespaced_role_binding, ns, binding)
 
 
+def lease_rbac(cp: ControlPlane, lease: str) -> None:
+    """The shipped leader-election Role of deploy/manifests/extender.yaml for another Lease name (tests run each
+    election on a fresh Lease): the same rules with resourceNames [lease], bound to the user `vgpu-extender`. The
+    shipped Role names only the default Lease, vgpu-extender."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/manifests/extender.yaml").read_text()) if d]
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "vgpu-extender-leader-election")
+    ns = role["metadata"]["namespace"]
+    for rule in role["rules"]:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [lease]
+    role["metadata"] = {"name": f"{lease}-leader-election", "namespace": ns}
+    rbac_api = client.RbacAuthorizationV1Api(cp.api_client())
+    _created(rbac_api.create_namespaced_role, ns, role)
+    user = [{"kind": "User", "name": "vgpu-extender", "apiGroup": "rbac.authorization.k8s.io"}]
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    binding = {"metadata": {"name": role["metadata"]["name"], "namespace": ns}, "roleRef": ref, "subjects": user}
+    _created(rbac_api.create_namespaced_role_binding, ns, binding)
+
+
 class Extender:
     """`vgpu-extender --source kube` as a managed process, restartable mid-test; `args` are added to its flags
     (e.g. --leader-elect), `name` tells replicas apart in the logs.

@@ -28,7 +28,7 @@ CRD_KINDS = {
     "PodMonitor": "monitoring.coreos.com/v1",
     "ServiceMonitor": "monitoring.coreos.com/v1",
 }
-COMPONENTS = ("extender", "scheduler", "webhook", "devicePlugin")
+COMPONENTS = ("extender", "scheduler", "webhook", "devicePlugin", "admissionPolicy")
 ALL_OFF: dict[str, Any] = {f"{c}.enabled": False for c in COMPONENTS}
 EVERYTHING: dict[str, Any] = {
     "monitoring.serviceMonitor.enabled": True,
@@ -66,6 +66,8 @@ def manifests(component: str) -> dict[tuple[str, str], dict[str, Any]]:
         return by_key(_docs(*WEBHOOK_FILES, "webhook/cert-job.yaml"))
     if component == "devicePlugin":
         return by_key(_docs("device-plugin/daemonset.yaml"))
+    if component == "admissionPolicy":
+        return by_key(_docs("manifests/admission-policy.yaml"))
     raise KeyError(component)
 
 
@@ -349,6 +351,33 @@ def test_resource_names_reach_every_component(helm: str, tmp_path: Path) -> None
     assert load_plugin(["--config", str(path), "--node-name", "gpu-1"], {}).resource_name == names["count"]
 
 
+def _policy_variables(chart: dict[tuple[str, str], dict[str, Any]], name: str) -> dict[str, str]:
+    return {v["name"]: v["expression"] for v in chart[("ValidatingAdmissionPolicy", name)]["spec"]["variables"]}
+
+
+def test_admission_policy_values_name_its_writers_and_resources(helm: str) -> None:
+    values = {
+        "admissionPolicy.serviceAccountNamespace": "gpu-system",
+        "admissionPolicy.extenderServiceAccount": "my-extender",
+        "admissionPolicy.devicePluginServiceAccount": "my-plugin",
+        "admissionPolicy.nodeNameUsers": ["system:kube-scheduler"],
+        "admissionPolicy.nodeNameGroups": [],
+        "resourceNames.count": "example.com/vgpu",
+    }
+    chart = by_key(template(helm, values))
+    pods = _policy_variables(chart, "vgpu-pod-protocol")
+    assert pods["extender"] == "'system:serviceaccount:gpu-system:my-extender'"
+    assert pods["devicePlugin"] == "'system:serviceaccount:gpu-system:my-plugin'"
+    assert pods["nodeNameUsers"] == "['system:kube-scheduler']" and pods["nodeNameGroups"] == "[]"
+    assert "'example.com/vgpu'" in pods["vgpuResources"] and "nvidia.com/gpu'" not in pods["vgpuResources"]
+    nodes = _policy_variables(chart, "vgpu-node-inventory")
+    assert nodes["devicePlugin"] == "'system:serviceaccount:gpu-system:my-plugin'"
+    # Without a namespace of their own the ServiceAccounts are the release's.
+    text = run_helm(helm, "template", "kube-vgpu", str(CHART), "--namespace", "gpu-ops").stdout
+    pods = _policy_variables(by_key([d for d in yaml.safe_load_all(text) if d]), "vgpu-pod-protocol")
+    assert pods["extender"] == "'system:serviceaccount:gpu-ops:vgpu-extender'"
+
+
 def test_rendered_configs_load_like_the_manifests(helm: str, tmp_path: Path) -> None:
     from device_plugin.config import load as load_plugin
 
@@ -456,8 +485,10 @@ def test_replicas_elect_a_leader_that_the_service_selects(helm: str) -> None:
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     selector = chart[("Service", "vgpu-extender")]["spec"]["selector"]
     assert selector == {"app.kubernetes.io/name": "vgpu-extender", "vgpu.io/extender-leader": "true"}
-    lease_rule = chart[("Role", "vgpu-extender-leader-election")]["rules"][0]
-    assert lease_rule["resources"] == ["leases"] and {"get", "create", "update"} <= set(lease_rule["verbs"])
+    # Its own Lease only (the name is the extender's default --leader-elect-resource-name): create cannot be named.
+    create, own = chart[("Role", "vgpu-extender-leader-election")]["rules"]
+    assert create == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
+    assert own["resourceNames"] == [s.leader_elect_resource_name] and set(own["verbs"]) == {"get", "update"}
     pdb = chart[("PodDisruptionBudget", "vgpu-extender")]["spec"]
     assert pdb == {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "vgpu-extender"}}}
     anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]

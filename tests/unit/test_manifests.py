@@ -121,10 +121,26 @@ def test_only_kube_scheduler_reaches_the_extenders_verbs() -> None:
         ("nodes", "list"),
         ("pods", "watch"),
         ("pods", "patch"),
+        ("pods", "get"),
+        ("pods", "list"),
         ("pods/binding", "create"),
-        ("events", "create"),
     ],
 )
 def test_extender_rbac_allows_what_it_does(resource: str, verb: str) -> None:
     rules = _extender_docs()[("ClusterRole", "vgpu-extender")]["rules"]
     assert any(resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+
+def test_extender_rbac_allows_nothing_more() -> None:
+    """Least privilege: scheduler_extender/kube.py records no events and reads no single node."""
+    rules = _extender_docs()[("ClusterRole", "vgpu-extender")]["rules"]
+    granted = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
+    assert granted == {
+        ("nodes", "list"),
+        ("nodes", "watch"),
+        ("pods", "get"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods", "patch"),
+        ("pods/binding", "create"),
+    }

@@ -64,3 +64,12 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* A list of strings as a CEL list literal, e.g. ['a', 'b']; [] when empty. */}}
+{{- define "kube-vgpu.celStrings" -}}
+{{- if . -}}
+[{{ . | join "', '" | printf "'%s'" }}]
+{{- else -}}
+[]
+{{- end -}}
+{{- end }}

@@ -1,0 +1,476 @@
+"""The shipped admission policy (deploy/manifests/admission-policy.yaml) on a real kube-apiserver, with the shipped
+RBAC and the shipped mutating webhook configuration in front of it.
+
+Who acts is real, not a header: the tenant is a client certificate bound to the built-in `edit` ClusterRole in one
+namespace; the extender and the device plugins authenticate with ServiceAccount tokens from the TokenRequest API,
+the plugins' bound to a pod on their node, so the apiserver itself puts `authentication.kubernetes.io/node-name`
+into their user info (k8s.io/kubernetes v1.34.4 pkg/registry/core/serviceaccount/storage/token.go). Every forgery
+the issue lists is tried and must fail with the policy's message; the same writes by the owners succeed.
+
+The policies bind cluster-wide (also to the admin the other e2e tests act as), so this module removes them at the
+end and waits until they are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from vgpu import annotations as ann
+from webhook import certs
+from webhook.config import WebhookConfig
+from webhook.inventory import NodeAnnotationInventory
+from webhook.main import build_server
+
+from .controlplane import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "deploy" / "manifests" / "admission-policy.yaml"
+RBAC_FILES = ("deploy/manifests/extender.yaml", "deploy/device-plugin/daemonset.yaml")
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+WEBHOOK_CONFIG = ROOT / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
+EXTENDER = "system:serviceaccount:kube-system:vgpu-extender"
+PLUGIN = "system:serviceaccount:kube-system:vgpu-device-plugin"
+OPT_OUT = {"vgpu.io/webhook": "disabled"}
+GPU_POD_SPEC = {
+    "containers": [
+        {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    ]
+}
+
+
+def _assignment(node: str) -> str:
+    whole_card = ann.DeviceSlice(uuid=f"GPU-{node}-0", index=0, memory_mib=81920, cores=100)
+    return ann.encode_assignment(
+        ann.Assignment(node=node, containers=(ann.ContainerAssignment(name="main", devices=(whole_card,)),))
+    )
+
+
+def _denied(call: Callable[[], Any]) -> str:
+    """Run a call that must be refused with 403; return the apiserver's message."""
+    with pytest.raises(client.ApiException) as info:
+        call()
+    assert info.value.status == 403, info.value.body
+    return str(json.loads(info.value.body)["message"])
+
+
+def _core(cp: ControlPlane, *, token: str | None = None, kubeconfig: Path | None = None) -> client.CoreV1Api:
+    if kubeconfig is not None:
+        from kubernetes import config
+
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+    else:
+        cfg = client.Configuration(host=cp.server)
+        cfg.ssl_ca_cert = str(cp.ca_file)
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        api = client.ApiClient(cfg)
+    cp._clients.append(api)  # closed with the control plane
+    return client.CoreV1Api(api)
+
+
+@dataclass
+class Cluster:
+    admin: client.CoreV1Api
+    tenant: client.CoreV1Api
+    tenant_user: str
+    extender: client.CoreV1Api
+    plugin_a: client.CoreV1Api
+    plugin_b: client.CoreV1Api
+    node_a: str
+    node_b: str
+    ns: str
+
+    def pod(self, name: str, *, labels: dict[str, str] | None = None, **annotations: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations)}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(GPU_POD_SPEC)}
+
+    def tenant_pod(self, name: str) -> Any:
+        """A vGPU pod the tenant created (through the webhook), nothing forged."""
+        return self.tenant.create_namespaced_pod(self.ns, self.pod(name))
+
+    def bound_pod(self, name: str, node: str) -> Any:
+        """A tenant's pod as the extender leaves it: assignment written, then bound to `node` (pods/binding)."""
+        self.tenant_pod(name)
+        patch = {ann.POD_ASSIGNMENT: _assignment(node), ann.POD_BIND_PHASE: "allocating", ann.POD_BIND_TIME: "1.0"}
+        self.extender.patch_namespaced_pod(name, self.ns, {"metadata": {"annotations": patch}})
+        binding = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name), target=client.V1ObjectReference(kind="Node", name=node)
+        )
+        self.extender.create_namespaced_pod_binding(name, self.ns, binding, _preload_content=False)
+        return self.admin.read_namespaced_pod(name, self.ns)
+
+
+def _apply(cp: ControlPlane, docs: list[dict[str, Any]]) -> None:
+    proc = cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def aggregate(rbac: client.RbacAuthorizationV1Api, name: str) -> None:
+    """Fill an aggregated ClusterRole's rules from the roles its selectors pick, as kube-controller-manager's
+    clusterrole-aggregation controller does (there is none here): `edit` is empty until then."""
+    role = rbac.read_cluster_role(name)
+    rules: list[Any] = []
+    for selector in role.aggregation_rule.cluster_role_selectors:
+        labels = ",".join(f"{k}={v}" for k, v in (selector.match_labels or {}).items())
+        for part in rbac.list_cluster_role(label_selector=labels).items:
+            rules += [r for r in part.rules or [] if r not in rules]
+    rbac.patch_cluster_role(name, {"rules": [client.ApiClient().sanitize_for_serialization(r) for r in rules]})
+
+
+def _token(core: client.CoreV1Api, sa: str, pod: Any | None = None) -> str:
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    return str(core.create_namespaced_service_account_token(sa, "kube-system", {"spec": spec}).status.token)
+
+
+def _plugin_pod(admin: client.CoreV1Api, name: str, node: str) -> Any:
+    """A device plugin pod on `node` (as its DaemonSet makes one): its token is bound to it and so to the node."""
+    body = {
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {
+            "serviceAccountName": "vgpu-device-plugin",
+            "nodeName": node,
+            "containers": [{"name": "device-plugin", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    return admin.create_namespaced_pod("kube-system", body)
+
+
+def _wait(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Admission configuration reaches the apiserver's admission chain asynchronously: poll for the effect."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not in effect after {timeout}s")
+
+
+def _refusal(call: Callable[[], Any]) -> str:
+    """The message of a 403, or "" when the call succeeds."""
+    try:
+        call()
+    except client.ApiException as exc:
+        if exc.status == 403:
+            return str(json.loads(exc.body)["message"])
+        raise
+    return ""
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cp = control_plane
+    tag = uuid.uuid4().hex[:6]
+    admin = _core(cp, kubeconfig=cp.admin_kubeconfig)
+    admission = client.AdmissionregistrationV1Api(admin.api_client)
+    ns = f"adm-{tag}"
+    admin.create_namespace({"metadata": {"name": ns}})
+    # The shipped RBAC (ServiceAccounts, roles, bindings) of the extender and the device plugin.
+    _apply(
+        cp, [d for f in RBAC_FILES for d in yaml.safe_load_all((ROOT / f).read_text()) if d and d["kind"] in RBAC_KINDS]
+    )
+    # The tenant: the built-in edit role in its namespace only.
+    tenant_user = f"tenant-{tag}"
+    rbac = client.RbacAuthorizationV1Api(admin.api_client)
+    aggregate(rbac, "edit")
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "tenant-edit"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": tenant_user}],
+        },
+    )
+    node_a, node_b = f"adm-{tag}-a", f"adm-{tag}-b"
+    for node in (node_a, node_b):
+        cp.add_node(node, {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "80"})
+    pod_a = _plugin_pod(admin, f"vgpu-device-plugin-{tag}-a", node_a)
+    pod_b = _plugin_pod(admin, f"vgpu-device-plugin-{tag}-b", node_b)
+
+    # The shipped mutating webhook configuration, served in-process (as tests/e2e/test_webhook_e2e.py does), only
+    # for this module's namespace: the policy must hold also where the webhook is skipped (the opt-out label).
+    pki = certs.write_dev_certs(tmp_path_factory.mktemp("webhook-pki"), ("localhost", "127.0.0.1"))
+    inventory = NodeAnnotationInventory(api=_core(cp, kubeconfig=cp.admin_kubeconfig))
+    inventory.start()
+    assert inventory.wait_synced(10)
+    cfg = WebhookConfig(host="127.0.0.1", port=0, cert_file=str(pki.cert), key_file=str(pki.key))
+    server = build_server(cfg, inventory, CollectorRegistry()).start()
+    hook_doc = yaml.safe_load(WEBHOOK_CONFIG.read_text())
+    hook_doc["metadata"] = {"name": f"vgpu-webhook-adm-{tag}"}
+    hook = hook_doc["webhooks"][0]
+    hook["clientConfig"] = {
+        "url": f"https://127.0.0.1:{server.port}/mutate",
+        "caBundle": base64.b64encode(pki.ca_cert.read_bytes()).decode(),
+    }
+    hook["namespaceSelector"]["matchExpressions"].append(
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns]}
+    )
+    admission.create_mutating_webhook_configuration(hook_doc)
+
+    policy = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
+    _apply(cp, policy)
+    c = Cluster(
+        admin=admin,
+        tenant=_core(cp, kubeconfig=cp.write_kubeconfig(tenant_user)),
+        tenant_user=tenant_user,
+        extender=_core(cp, token=_token(admin, "vgpu-extender")),
+        plugin_a=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_a)),
+        plugin_b=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_b)),
+        node_a=node_a,
+        node_b=node_b,
+        ns=ns,
+    )
+    probe = c.pod("probe", labels=OPT_OUT, **{ann.POD_ASSIGNMENT: "x"})
+    _wait(
+        "the admission policy",
+        lambda: "vgpu-pod-protocol" in _refusal(lambda: c.tenant.create_namespaced_pod(ns, probe, dry_run="All")),
+    )
+    _wait(
+        "the webhook",
+        lambda: (
+            (c.tenant.create_namespaced_pod(ns, c.pod("probe"), dry_run="All").metadata.labels or {}).get(
+                "vgpu.io/managed"
+            )
+            == "true"
+        ),
+    )
+    try:
+        yield c
+    finally:
+        for d in reversed(policy):
+            proc = cp.kubectl("delete", d["kind"], d["metadata"]["name"], "--ignore-not-found", check=False)
+            assert proc.returncode == 0, proc.stderr
+        admission.delete_mutating_webhook_configuration(hook_doc["metadata"]["name"])
+        server.tls.stop()
+        server.stop()
+        inventory.stop()
+        inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: "gone"}}}
+        _wait("removing the policy", lambda: _refusal(lambda: admin.patch_node(node_a, inv, dry_run="All")) == "")
+
+
+# ---- the tenant: every forgery is refused with a message naming the key, the writer it belongs to and why
+
+
+def test_forged_assignment_at_create_with_the_opt_out_label_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    pod = c.pod("forged-create", labels=OPT_OUT, **{ann.POD_ASSIGNMENT: _assignment(c.node_a)})
+    msg = _denied(lambda: c.tenant.create_namespaced_pod(c.ns, pod))
+    assert "ValidatingAdmissionPolicy 'vgpu-pod-protocol'" in msg
+    assert (
+        f"vgpu.io/assignment may only be written by the scheduler extender ({EXTENDER}), not by {c.tenant_user}" in msg
+    )
+    with pytest.raises(client.ApiException):
+        c.admin.read_namespaced_pod("forged-create", c.ns)
+
+
+def test_forged_assignment_at_create_through_the_webhook_never_reaches_the_pod(cluster: Cluster) -> None:
+    """Without the opt-out the webhook drops copied bind-time annotations first; the pod is admitted without it."""
+    c = cluster
+    pod = c.pod(
+        "forged-through-webhook", **{ann.POD_ASSIGNMENT: _assignment(c.node_a), ann.POD_BIND_TIME: "9999999999"}
+    )
+    created = c.tenant.create_namespaced_pod(c.ns, pod)
+    assert created.metadata.labels["vgpu.io/managed"] == "true"
+    assert ann.POD_ASSIGNMENT not in (created.metadata.annotations or {})
+    assert ann.POD_BIND_TIME not in (created.metadata.annotations or {})
+
+
+def test_forged_assignment_by_patch_after_create_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    c.tenant_pod("forged-patch")
+    patch = {"metadata": {"annotations": {ann.POD_ASSIGNMENT: _assignment(c.node_a)}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("forged-patch", c.ns, patch))
+    assert f"vgpu.io/assignment may only be written by the scheduler extender ({EXTENDER})" in msg
+    assert "decides which GPU slice the pod gets" in msg
+    assert ann.POD_ASSIGNMENT not in (c.admin.read_namespaced_pod("forged-patch", c.ns).metadata.annotations or {})
+
+
+def test_forged_assignment_by_update_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    pod = c.tenant_pod("forged-update")
+    pod.metadata.annotations = {**(pod.metadata.annotations or {}), ann.POD_ASSIGNMENT: _assignment(c.node_a)}
+    msg = _denied(lambda: c.tenant.replace_namespaced_pod("forged-update", c.ns, pod))
+    assert (
+        f"vgpu.io/assignment may only be written by the scheduler extender ({EXTENDER}), not by {c.tenant_user}" in msg
+    )
+
+
+def test_forged_assignment_by_patch_with_the_opt_out_label_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    c.tenant.create_namespaced_pod(c.ns, c.pod("forged-opt-out", labels=OPT_OUT))
+    patch = {"metadata": {"annotations": {ann.POD_ASSIGNMENT: _assignment(c.node_a), ann.POD_BIND_PHASE: "allocated"}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("forged-opt-out", c.ns, patch))
+    assert "vgpu.io/assignment may only be written by the scheduler extender" in msg
+
+
+def test_far_future_bind_time_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    pod = c.pod("forged-bind-time", labels=OPT_OUT, **{ann.POD_BIND_TIME: "9999999999"})
+    msg = _denied(lambda: c.tenant.create_namespaced_pod(c.ns, pod))
+    assert f"vgpu.io/bind-time may only be written by the scheduler extender ({EXTENDER})" in msg
+    c.tenant_pod("forged-bind-time")
+    patch = {"metadata": {"annotations": {ann.POD_BIND_TIME: "9999999999"}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("forged-bind-time", c.ns, patch))
+    assert "for how long it is reserved" in msg
+
+
+def test_bind_phase_and_violation_by_the_tenant_are_denied(cluster: Cluster) -> None:
+    c = cluster
+    c.bound_pod("tenant-phase", c.node_a)
+    allocated = {"metadata": {"annotations": {ann.POD_BIND_PHASE: "allocated"}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("tenant-phase", c.ns, allocated))
+    assert (
+        f'vgpu.io/bind-phase "allocated" (only the device plugin ({PLUGIN}) running on the pod\'s node "{c.node_a}"'
+        in msg
+    )
+    failed = {"metadata": {"annotations": {ann.POD_BIND_PHASE: "failed"}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("tenant-phase", c.ns, failed))
+    assert f"only the scheduler extender ({EXTENDER}) may set or remove it" in msg
+    removed = {"metadata": {"annotations": {ann.POD_BIND_PHASE: None}}}
+    _denied(lambda: c.tenant.patch_namespaced_pod("tenant-phase", c.ns, removed))
+    violation = {"metadata": {"annotations": {"vgpu.io/violation": "{}"}}}
+    msg = _denied(lambda: c.tenant.patch_namespaced_pod("tenant-phase", c.ns, violation))
+    assert (
+        f'vgpu.io/violation may only be written by the device plugin ({PLUGIN}) running on the pod\'s node "{c.node_a}"'
+        in msg
+    )
+
+
+def test_spec_node_name_on_a_vgpu_pod_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    for labels in ({}, OPT_OUT):
+        pod = c.pod("pinned", labels=labels)
+        pod["spec"]["nodeName"] = c.node_a
+        msg = _denied(lambda pod=pod: c.tenant.create_namespaced_pod(c.ns, pod))
+        assert f'spec.nodeName ("{c.node_a}") on a pod that asks for vGPU resources' in msg
+        assert "may only be set at create by a node or control-plane identity" in msg
+        assert f"not by {c.tenant_user}: it would skip vgpu-scheduler" in msg
+    plain = c.pod("pinned-no-gpu")
+    plain["spec"]["containers"][0].pop("resources")
+    plain["spec"]["nodeName"] = c.node_a
+    c.tenant.create_namespaced_pod(c.ns, plain)  # pods without vGPU resources are none of our business
+
+
+def test_leader_label_by_the_tenant_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    pod = c.pod("fake-leader", labels={ann.EXTENDER_LEADER_LABEL: "true"})
+    msg = _denied(lambda: c.tenant.create_namespaced_pod(c.ns, pod))
+    assert f"the label vgpu.io/extender-leader may only be set by the scheduler extender ({EXTENDER})" in msg
+
+
+def test_forged_node_inventory_is_denied_even_to_cluster_admins(cluster: Cluster) -> None:
+    c = cluster
+    inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: "forged"}}}
+    # The tenant has no rights on nodes at all (RBAC) ...
+    msg = _denied(lambda: c.tenant.patch_node(c.node_a, inv))
+    assert f'User "{c.tenant_user}" cannot patch resource "nodes"' in msg
+    # ... and whoever has (here system:masters) still cannot write the inventory: the policy names the writer.
+    msg = _denied(lambda: c.admin.patch_node(c.node_a, inv))
+    assert "ValidatingAdmissionPolicy 'vgpu-node-inventory'" in msg
+    assert (
+        f'vgpu.io/node-inventory of node "{c.node_a}" may only be written by the device plugin ({PLUGIN}) running on that node'
+        in msg
+    )
+
+
+# ---- the owners: the same writes succeed, and nothing beyond them
+
+
+def test_the_extender_writes_assignment_bind_time_and_phase(cluster: Cluster) -> None:
+    c = cluster
+    c.tenant_pod("by-extender")
+    annotations = {
+        ann.POD_ASSIGNMENT: _assignment(c.node_a),
+        ann.POD_BIND_PHASE: "allocating",
+        ann.POD_BIND_TIME: "9999999999",
+    }
+    c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": annotations}})
+    c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": {ann.POD_REQUEUE: "1.0"}}})
+    release = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}  # KubeBinder.mark_failed
+    c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": release}})
+    got = c.admin.read_namespaced_pod("by-extender", c.ns).metadata.annotations
+    assert got[ann.POD_BIND_PHASE] == "failed" and ann.POD_ASSIGNMENT not in got
+    # But the extender may not serve a slice (allocated), nor touch anything that is not its protocol.
+    msg = _denied(
+        lambda: c.extender.patch_namespaced_pod(
+            "by-extender", c.ns, {"metadata": {"annotations": {ann.POD_BIND_PHASE: "allocated"}}}
+        )
+    )
+    assert f"refused for {EXTENDER}" in msg
+    msg = _denied(
+        lambda: c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": {"team": "x"}}})
+    )
+    assert f"{EXTENDER} may only change vgpu.io/ annotations" in msg and "[team]" in msg
+    image = {"spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]}}
+    _denied(lambda: c.extender.patch_namespaced_pod("by-extender", c.ns, image))
+
+
+def test_the_node_plugin_marks_its_pods_allocated_and_records_violations(cluster: Cluster) -> None:
+    c = cluster
+    c.bound_pod("served", c.node_a)
+    c.plugin_a.patch_namespaced_pod("served", c.ns, {"metadata": {"annotations": {ann.POD_BIND_PHASE: "allocated"}}})
+    c.plugin_a.patch_namespaced_pod("served", c.ns, {"metadata": {"annotations": {"vgpu.io/violation": "{}"}}})
+    got = c.admin.read_namespaced_pod("served", c.ns).metadata.annotations
+    assert got[ann.POD_BIND_PHASE] == "allocated" and got["vgpu.io/violation"] == "{}"
+
+
+def test_the_plugin_of_another_node_is_denied(cluster: Cluster) -> None:
+    c = cluster
+    c.bound_pod("foreign", c.node_a)
+    allocated = {"metadata": {"annotations": {ann.POD_BIND_PHASE: "allocated"}}}
+    msg = _denied(lambda: c.plugin_b.patch_namespaced_pod("foreign", c.ns, allocated))
+    assert f'running on the pod\'s node "{c.node_a}"' in msg and f"refused for {PLUGIN}" in msg
+    msg = _denied(
+        lambda: c.plugin_b.patch_namespaced_pod(
+            "foreign", c.ns, {"metadata": {"annotations": {"vgpu.io/violation": "{}"}}}
+        )
+    )
+    assert "vgpu.io/violation may only be written by the device plugin" in msg
+    # Nor may the plugin of the pod's own node change anything else of it, or write the extender's keys.
+    image = {"spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]}}
+    msg = _denied(lambda: c.plugin_a.patch_namespaced_pod("foreign", c.ns, image))
+    assert (
+        f"{PLUGIN} may only change vgpu.io/ annotations (bind-phase and violation) of pods on its own node [{c.node_a}]"
+        in msg
+    )
+    assert f'this update of a pod on node "{c.node_a}" changes [] or its spec' in msg
+    msg = _denied(
+        lambda: c.plugin_a.patch_namespaced_pod(
+            "foreign", c.ns, {"metadata": {"annotations": {ann.POD_BIND_TIME: "1"}}}
+        )
+    )
+    assert "vgpu.io/bind-time may only be written by the scheduler extender" in msg
+
+
+def test_the_node_plugin_writes_its_own_inventory_only(cluster: Cluster) -> None:
+    c = cluster
+    inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: "v1-inventory", ann.NODE_INVENTORY_TIME: "now"}}}
+    c.plugin_a.patch_node(c.node_a, inv)
+    assert c.admin.read_node(c.node_a).metadata.annotations[ann.NODE_INVENTORY] == "v1-inventory"
+    forged = {"metadata": {"annotations": {ann.NODE_INVENTORY: "forged", ann.NODE_INVENTORY_TIME: "later"}}}
+    msg = _denied(lambda: c.plugin_b.patch_node(c.node_a, forged))
+    assert f'vgpu.io/node-inventory, vgpu.io/node-inventory-time of node "{c.node_a}" may only be written' in msg
+    assert f"by the device plugin ({PLUGIN}) running on that node, not by {PLUGIN} of node(s) [{c.node_b}]" in msg
+    msg = _denied(lambda: c.plugin_b.patch_node(c.node_a, {"metadata": {"annotations": {"other": "x"}}}))
+    assert f'of its own node [{c.node_b}]; this update is of node "{c.node_a}"' in msg
+    msg = _denied(lambda: c.plugin_a.patch_node(c.node_a, {"metadata": {"labels": {"gpu": "fake"}}}))
+    assert f"{PLUGIN} may only change the vgpu.io/node-inventory annotations of its own node [{c.node_a}]" in msg
+    msg = _denied(lambda: c.plugin_a.patch_node(c.node_a, {"metadata": {"annotations": {"other": "x"}}}))
+    assert "this update also changes [other]" in msg
+    taint = {"spec": {"unschedulable": True}}
+    _denied(lambda: c.plugin_a.patch_node(c.node_a, taint))
