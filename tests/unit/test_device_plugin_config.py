@@ -74,7 +74,7 @@ def test_help_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None
         load(["--help"], {})
     out = " ".join(capsys.readouterr().out.split())
     for s in SCHEMA.settings():
-        assert s.description and " ".join(s.description.split()) in out, s.name
+        assert s.description and "".join(s.description.split()) in "".join(out.split()), s.name
     assert "(default: 10; env VGPU_DP_SPLIT_COUNT; file split_count)" in out
 
 

@@ -113,7 +113,7 @@ def test_help_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for s in SCHEMA.settings():
-        assert s.description and " ".join(s.description.split()) in out, s.name
+        assert s.description and "".join(s.description.split()) in "".join(out.split()), s.name
         assert s.flag in out
     assert "(default: 8443; env VGPU_WEBHOOK_PORT; file listen.port)" in out
     assert "Precedence: flags > environment > file > defaults" in out
