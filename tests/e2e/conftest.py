@@ -4,7 +4,8 @@
 (``hack/build-control-plane.sh``, built on first use). It is skipped only when ``KUBE_VGPU_SKIP_E2E=1``;
 a failure to build or start is an error. ``namespace`` (function): a fresh namespace per test.
 ``kwok``: the same control plane with KWOK's controller running (``hack/build-kwok.sh``).
-``prometheus_bin`` (session): the Prometheus server binary (``hack/build-prometheus.sh``).
+``prometheus_bin`` (session): the Prometheus server binary (``hack/build-prometheus.sh``); helm
+(``hack/build-helm.sh``) for the chart's e2e test.
 
 Every tool a selected test needs is built in ``pytest_collection_finish``, before the first test starts, so a
 cold build (tens of minutes on 2 cores) never counts against a test's timeout.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helm_chart import helm_binary
 from tests.prebuild import build_before_tests, uses_fixture
 
 from .controlplane import ControlPlane, ControlPlaneError, ensure_binaries, ensure_kwok, ensure_prometheus
@@ -56,8 +58,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 ensure_kwok()
             return f"binaries in {bin_dir}, etcd {etcd}" + (", kwok" if with_kwok else "")
 
-        what = "kube-apiserver, kube-scheduler, kubectl and etcd" + (" and kwok" if with_kwok else "")
+        what = "kube-apiserver, kube-scheduler, kubectl, etcd" + (", kwok" if with_kwok else "")
         _build_error = build_before_tests(session, "e2e", what, build)
+    if uses_fixture(session, "helm") and os.environ.get("KUBE_VGPU_SKIP_HELM") != "1":
+        # test_helm_chart_e2e's module fixture calls helm_binary() (remembered per process): built here first.
+        # Its error is not kept: the fixture's own call fails the same way, loudly.
+        build_before_tests(session, "e2e", "the helm binary", helm_binary)
     if uses_fixture(session, "prometheus_bin"):
         _prometheus_error = build_before_tests(
             session, "e2e", "the Prometheus server", lambda: str(ensure_prometheus())
