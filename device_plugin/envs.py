@@ -9,6 +9,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from vgpu import annotations as ann
 from vgpu.annotations import ContainerAssignment
 from vgpu.assignment_check import is_dns1123_label, is_pod_uid, shown
 
@@ -74,5 +75,5 @@ def container_slice(
         envs["CUDA_MPS_LOG_DIRECTORY"] = settings.mps_log_dir
         mounts.append(Mount(settings.mps_pipe_dir, settings.mps_pipe_dir))
         mounts.append(Mount(settings.mps_log_dir, settings.mps_log_dir, read_only=True))
-    annotations = {"vgpu.io/pod": f"{namespace}/{pod}", "vgpu.io/container": c.name}
+    annotations = {ann.CRI_POD: f"{namespace}/{pod}", ann.CRI_CONTAINER: c.name}
     return ContainerSlice(envs=envs, mounts=tuple(mounts), annotations=annotations)

@@ -25,10 +25,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.annotations import Assignment, assignment_from_obj, assignment_to_obj, gpu_to_obj
 from vgpu.devices import DEFAULT_SPLIT_COUNT, GpuDevice, NodeInventory
-from vgpu.errors import VgpuError
-from vgpu.roles import Role
+from vgpu.errors import CodecError, VgpuError
 
 
 class ClusterFileError(VgpuError):
@@ -85,28 +84,10 @@ class NodeSpec(_Model):
         return self
 
 
-class SliceSpec(_Model):
-    uuid: str
-    index: _Int = Field(ge=0)
-    memory_mib: _Int = Field(alias="memoryMiB", ge=0)
-    cores: _Int = Field(ge=0, le=100)
-
-
-class ContainerSpec(_Model):
-    name: str
-    devices: list[SliceSpec]
-
-
-class AssignmentSpec(_Model):
-    node: str = Field(min_length=1)
-    role: Role = Role.PREFILL_DECODE
-    model: str | None = None
-    containers: list[ContainerSpec]
-
-
 class AllocationSpec(_Model):
     pod: str = Field(pattern=r"^[^/\s]+/[^/\s]+$")
-    assignment: AssignmentSpec
+    # The `vgpu.io/assignment` object without its version, decoded by the annotation's own codec.
+    assignment: dict[str, Any]
 
 
 class ClusterFile(_Model):
@@ -152,19 +133,12 @@ def _inventory(spec: NodeSpec) -> NodeInventory:
     )
 
 
-def _assignment(spec: AssignmentSpec) -> Assignment:
-    return Assignment(
-        node=spec.node,
-        role=spec.role,
-        model=spec.model,
-        containers=tuple(
-            ContainerAssignment(
-                name=c.name,
-                devices=tuple(DeviceSlice(d.uuid, d.index, d.memory_mib, d.cores) for d in c.devices),
-            )
-            for c in spec.containers
-        ),
-    )
+def _assignment(i: int, obj: Mapping[str, Any]) -> Assignment:
+    try:
+        return assignment_from_obj(obj, strict=True)
+    except CodecError as exc:
+        reason = exc.reason.removeprefix("assignment: ")
+        raise ClusterFileError(f"invalid cluster file: allocations.{i}.assignment: {reason}") from None
 
 
 def parse_cluster(doc: Mapping[str, Any]) -> tuple[list[NodeInventory], list[tuple[str, Assignment]]]:
@@ -182,7 +156,7 @@ def parse_cluster(doc: Mapping[str, Any]) -> tuple[list[NodeInventory], list[tup
         nodes = [_inventory(n) for n in parsed.nodes]
     except ValueError as exc:
         raise ClusterFileError(f"invalid cluster file: {exc}") from None
-    return nodes, [(a.pod, _assignment(a.assignment)) for a in parsed.allocations]
+    return nodes, [(a.pod, _assignment(i, a.assignment)) for i, a in enumerate(parsed.allocations)]
 
 
 def dump_cluster(nodes: list[NodeInventory], allocations: list[tuple[str, Assignment]]) -> dict[str, Any]:
@@ -195,42 +169,9 @@ def dump_cluster(nodes: list[NodeInventory], allocations: list[tuple[str, Assign
                 "cpuMilli": n.cpu_milli,
                 "memoryMiB": n.memory_mib,
                 "labels": dict(n.labels),
-                "gpus": [
-                    {
-                        "uuid": g.uuid,
-                        "index": g.index,
-                        "model": g.model,
-                        "memoryMiB": g.memory_mib,
-                        "cores": g.cores,
-                        "split": g.split_count,
-                        "numa": g.numa,
-                        "healthy": g.healthy,
-                        "nvlink": list(g.nvlink_peers),
-                    }
-                    for g in n.gpus
-                ],
+                "gpus": [gpu_to_obj(g) for g in n.gpus],
             }
             for n in nodes
         ],
-        "allocations": [
-            {
-                "pod": key,
-                "assignment": {
-                    "node": a.node,
-                    "role": a.role.value,
-                    "model": a.model,
-                    "containers": [
-                        {
-                            "name": c.name,
-                            "devices": [
-                                {"uuid": d.uuid, "index": d.index, "memoryMiB": d.memory_mib, "cores": d.cores}
-                                for d in c.devices
-                            ],
-                        }
-                        for c in a.containers
-                    ],
-                },
-            }
-            for key, a in allocations
-        ],
+        "allocations": [{"pod": key, "assignment": assignment_to_obj(a)} for key, a in allocations],
     }

@@ -117,3 +117,6 @@ class PlacementConfig:
     roles: RoleRules = field(default_factory=RoleRules)
     # Schedule onto GPUs whose node inventory reports them unhealthy: never by default.
     allow_unhealthy: bool = False
+    # Let a pod's vgpu.io/node-policy name a benchmark experiment (vgpu.placement.registry.EXPERIMENTAL). Only the
+    # replay benchmarks set it; no service setting maps to it, so a cluster's pods get production policies only.
+    experimental_policies: bool = False

@@ -134,18 +134,14 @@ class Planner:
         self._resolve(pod)[0].observe(pod)
 
     def _resolve(self, pod: PodInfo) -> tuple[NodePolicy, GpuRank]:
-        try:
-            node_policy = self.policy(pod.node_policy or self.config.node_policy)
-        except UnknownPolicyError as exc:
-            raise UnknownPolicyError(f"annotation {ann.POD_NODE_POLICY}: {exc}") from None
+        overrides = ann.PodOverrides(node_policy=pod.node_policy, gpu_policy=pod.gpu_policy)
+        registry.check_pod_overrides(overrides, experimental=self.config.experimental_policies)
+        node_policy = self.policy(pod.node_policy or self.config.node_policy)
         gpu_name = pod.gpu_policy or self.config.gpu_policy
         if gpu_name is None:
             return node_policy, node_policy.gpu_rank
-        if gpu_name not in _GPU_RANKS:
-            known = ", ".join(sorted(_GPU_RANKS))
-            raise UnknownPolicyError(
-                f"annotation {ann.POD_GPU_POLICY}: unknown GPU policy {gpu_name!r}; known: {known}"
-            )
+        if gpu_name not in _GPU_RANKS:  # only a bad cluster default gets here: the pod's own was checked above
+            raise UnknownPolicyError(f"unknown GPU policy {gpu_name!r}; allowed: {', '.join(sorted(_GPU_RANKS))}")
         return node_policy, _GPU_RANKS[gpu_name]
 
     def evaluate_node(self, node_name: str, pod: PodInfo) -> NodeResult:

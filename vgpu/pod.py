@@ -13,8 +13,6 @@ from vgpu.quantity import QuantityError, parse_cpu_milli, parse_memory_mib
 from vgpu.requests import PodRequest, parse_pod_request
 from vgpu.roles import Role, detect_role, model_identity
 
-GPU_MODELS_ANNOTATION = "vgpu.io/use-gpu-models"
-
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
@@ -51,6 +49,31 @@ class PodInfo:
         )
 
 
+# A pod in these phases holds nothing and never runs again (Kubernetes PodPhase).
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    """metadata.uid, or "" for an object that carries none (a hand-written /filter body, a file-source pod)."""
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """namespace/name, the key the cluster state and the extender's books use; namespace "default" when unset."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def bound_node(pod: Mapping[str, Any]) -> str:
+    """spec.nodeName: the node the pod is bound to, "" while it is not bound."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    """The pod ran to completion or failed: its slices are free, whatever its annotations say."""
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
 def _host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     cpu = mem = 0
     for c in (pod.get("spec") or {}).get("containers") or []:
@@ -77,11 +100,8 @@ def pod_info(
     meta = pod.get("metadata") or {}
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     decision = detect_role(pod)
-    models_raw = annotations.get(GPU_MODELS_ANNOTATION, "")
-    gpu_models = frozenset(m.strip() for m in models_raw.split(",") if m.strip()) or None
+    overrides = ann.pod_overrides(annotations)
     cpu, mem = _host_requests(pod) if track_host_resources else (0, 0)
-    node_policy = annotations.get(ann.POD_NODE_POLICY) or None
-    gpu_policy = annotations.get(ann.POD_GPU_POLICY) or None
     request = parse_pod_request(pod, names, defaults)
     return PodInfo(
         namespace=str(meta.get("namespace") or "default"),
@@ -93,12 +113,12 @@ def pod_info(
         model=model_identity(pod),
         cpu_milli=cpu,
         memory_mib=mem,
-        gpu_models=gpu_models,
-        node_policy=node_policy,
-        gpu_policy=gpu_policy,
+        gpu_models=overrides.gpu_models,
+        node_policy=overrides.node_policy,
+        gpu_policy=overrides.gpu_policy,
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
         annotations=annotations,
     )
 
 
-__all__ = ["GPU_MODELS_ANNOTATION", "PodInfo", "RequestError", "pod_info"]
+__all__ = ["PodInfo", "RequestError", "pod_info"]

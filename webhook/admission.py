@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 import orjson
 
+from vgpu import annotations as ann
 from vgpu.config import RequestDefaults, ResourceNames
-from vgpu.errors import RequestError
-from vgpu.pod import GPU_MODELS_ANNOTATION
+from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.placement import registry
 from vgpu.requests import parse_pod_request
 from vgpu.roles import detect_role
 from webhook.advice import pod_warnings
@@ -87,9 +88,14 @@ def decide(
         return deny(str(exc))
     if pod_request.is_empty:
         return Outcome(allowed=True)
+    overrides = ann.pod_overrides(_annotations(pod))
+    try:
+        registry.check_pod_overrides(overrides)  # production policies only: a pod cannot pick a benchmark experiment
+    except UnknownPolicyError as exc:
+        return deny(str(exc))
     warnings: list[str] = []
     if summary is not None and summary.nodes:
-        error = check_capacity(pod_request, summary, settings.names, _gpu_models(pod))
+        error = check_capacity(pod_request, summary, settings.names, overrides.gpu_models)
         if error is not None:
             return deny(str(error))
     elif inventory_expected and mutating:
@@ -144,10 +150,7 @@ def review_dict(uid: str, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def _gpu_models(pod: Mapping[str, Any]) -> frozenset[str] | None:
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, object]:
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    raw = annotations.get(GPU_MODELS_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if not isinstance(raw, str):
-        return None
-    return frozenset(m.strip() for m in raw.split(",") if m.strip()) or None
+    return annotations if isinstance(annotations, Mapping) else {}

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vgpu import annotations as ann
 from vgpu.config import ResourceNames
 from vgpu.devices import GpuDevice
 from vgpu.errors import RequestError
-from vgpu.pod import GPU_MODELS_ANNOTATION
 from vgpu.requests import PodRequest
 
 ANY_MODEL = "*"
@@ -69,7 +69,7 @@ def check_capacity(
         if not shapes:
             return RequestError(
                 container=c.container,
-                resource=f"annotation {GPU_MODELS_ANNOTATION}",
+                resource=f"annotation {ann.POD_USE_GPU_MODELS}",
                 value=",".join(sorted(gpu_models or ())),
                 allowed="GPU models present in the cluster: "
                 + ", ".join(sorted({model for node in summary.nodes for model, _ in node.gpus})),

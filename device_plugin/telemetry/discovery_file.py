@@ -18,6 +18,7 @@ from pathlib import Path
 
 from device_plugin.pods import PodRecord
 from device_plugin.watchdog.slices import Slice
+from vgpu import annotations as ann
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +38,14 @@ def endpoints(pods: Iterable[PodRecord], slices: Iterable[Slice], *, port: str) 
         labels = dict(pod.labels)
         labels.update(
             {
-                "vgpu.io/gpu": ",".join(s.id.uuid for s in held),
-                "vgpu.io/gpu-memory-bytes": str(sum(s.memory_limit for s in held)),
-                "vgpu.io/gpu-cores": ",".join(str(s.cores) for s in held),
-                "vgpu.io/role": held[0].role,
+                ann.ENDPOINT_GPU: ",".join(s.id.uuid for s in held),
+                ann.ENDPOINT_GPU_MEMORY_BYTES: str(sum(s.memory_limit for s in held)),
+                ann.ENDPOINT_GPU_CORES: ",".join(str(s.cores) for s in held),
+                ann.ENDPOINT_ROLE: held[0].role,
             }
         )
         if held[0].model:
-            labels["vgpu.io/model"] = held[0].model
+            labels[ann.ENDPOINT_MODEL] = held[0].model
         out.append(
             {"name": pod.name, "namespace": pod.namespace, "address": pod.pod_ip, "port": port, "labels": labels}
         )

@@ -8,17 +8,16 @@ reported as outcome "blocked" and retried by the ladder at its next step.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Protocol
 
 from device_plugin.watchdog.ladder import Action, Step
 from device_plugin.watchdog.slices import Slice
+from vgpu import annotations as ann
 
 log = logging.getLogger(__name__)
 
-VIOLATION_ANNOTATION = "vgpu.io/violation"
 EVENT_REASONS = {Step.EVENT: "VGPUSliceViolation", Step.ANNOTATE: "VGPUSliceViolation", Step.EVICT: "VGPUSliceEvicted"}
 
 
@@ -35,17 +34,10 @@ class KubeActions(Protocol):
 
 
 def violation_annotation(s: Slice, action: Action, at: str) -> str:
-    return json.dumps(
-        {
-            "version": "v1",
-            "container": s.id.container,
-            "gpu": s.id.uuid,
-            "kinds": [k.value for k in action.kinds],
-            "reason": action.reason,
-            "time": at,
-        },
-        separators=(",", ":"),
-        sort_keys=True,
+    """The `vgpu.io/violation` value for this slice and action (codec: vgpu.annotations.encode_violation)."""
+    kinds = tuple(k.value for k in action.kinds)
+    return ann.encode_violation(
+        ann.Violation(container=s.id.container, gpu=s.id.uuid, kinds=kinds, reason=action.reason, time=at)
     )
 
 
@@ -79,7 +71,7 @@ class Enforcer:
                 self.kube.patch_pod_annotations(
                     namespace=sid.namespace,
                     name=sid.pod,
-                    annotations={VIOLATION_ANNOTATION: violation_annotation(s, action, now_iso)},
+                    annotations={ann.POD_VIOLATION: violation_annotation(s, action, now_iso)},
                 )
             if action.step is Step.EVICT:
                 self._evicted.add(s.pod_uid)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 import yaml
 
+from vgpu import annotations as ann
 from vgpu.clusterfile import ClusterFileError, dump_cluster, parse_cluster
 from vgpu.roles import Role
 from vgpu.state import ClusterState
@@ -165,12 +167,40 @@ _DELETE = object()
         (_bad(["nodes", 1, "name"], "gpu-a"), "duplicate node names ['gpu-a']"),
         (_bad(["nodes", 0, "gpus", 1, "uuid"], "GPU-a-0"), "node gpu-a: duplicate GPU uuid GPU-a-0"),
         (_bad(["allocations", 0, "pod"], "no-namespace"), "allocations.0.pod: String should match pattern"),
-        (_bad(["allocations", 0, "assignment", "role"], "router"), "allocations.0.assignment.role: Input should be"),
+        # The assignment is decoded by the vgpu.io/assignment codec: its messages, under the allocation's path.
+        (
+            _bad(["allocations", 0, "assignment", "role"], "router"),
+            "allocations.0.assignment: unknown role 'router'; allowed: prefill, decode",
+        ),
         (
             _bad(["allocations", 1, "assignment", "containers", 0, "devices", 0, "cores"], 150),
-            "allocations.1.assignment.containers.0.devices.0.cores: Input should be less than or equal to 100",
+            "allocations.1.assignment: containers[0].devices[0]: field 'cores' must be 0..100, got 150",
         ),
-        (_bad(["allocations", 0, "assignment", "node"], _DELETE), "allocations.0.assignment.node: Field required"),
+        (_bad(["allocations", 0, "assignment", "node"], _DELETE), "allocations.0.assignment: missing field 'node'"),
+        (
+            _bad(["allocations", 0, "assignment"], "gpu-a"),
+            "allocations.0.assignment: Input should be a valid dictionary",
+        ),
+        (
+            _bad(["allocations", 0, "assignment", "colour"], "red"),
+            "allocations.0.assignment: unknown field(s) ['colour']; allowed: containers, model, node, role",
+        ),
+        (
+            _bad(["allocations", 0, "assignment", "containers", 0, "device"], []),
+            "allocations.0.assignment: containers[0]: unknown field(s) ['device']; allowed: devices, name",
+        ),
+        (
+            _bad(["allocations", 0, "assignment", "containers", 0, "devices", 0, "mem"], 1),
+            "allocations.0.assignment: containers[0].devices[0]: unknown field(s) ['mem']",
+        ),
+        (
+            _bad(["allocations", 0, "assignment", "version"], "v1"),
+            "allocations.0.assignment: unknown field(s) ['version']",
+        ),
+        (
+            _bad(["allocations", 1, "assignment", "containers", 0, "devices", 1, "uuid"], "GPU-gpu-b-0"),
+            "allocations.1.assignment: containers[0]: a container's vGPUs must be on distinct GPUs",
+        ),
     ],
 )
 def test_bad_files_name_the_path(doc: dict[str, Any], message: str) -> None:
@@ -178,3 +208,13 @@ def test_bad_files_name_the_path(doc: dict[str, Any], message: str) -> None:
         parse_cluster(doc)
     assert str(info.value).startswith("invalid cluster file: ")
     assert message in str(info.value)
+
+
+def test_the_cluster_file_and_the_annotation_share_one_assignment_codec() -> None:
+    """What the file's `assignment` holds is the annotation's value without its version, both ways."""
+    _, allocations = parse_cluster(_good())
+    for (_, a), raw in zip(allocations, _good()["allocations"], strict=True):
+        assert ann.decode_assignment(json.dumps({"version": ann.VERSION, **raw["assignment"]})) == a
+        assert json.loads(ann.encode_assignment(a)) == {"version": ann.VERSION, **ann.assignment_to_obj(a)}
+    dumped = dump_cluster(*parse_cluster(_good()))
+    assert [x["assignment"] for x in dumped["allocations"]] == [ann.assignment_to_obj(a) for _, a in allocations]

@@ -224,8 +224,9 @@ def test_every_rejected_node_has_a_readable_reason() -> None:
 @pytest.mark.parametrize(
     ("annotations", "key", "known"),
     [
-        ({"vgpu.io/node-policy": "tetris"}, "vgpu.io/node-policy", registry.names()),
+        ({"vgpu.io/node-policy": "tetris"}, "vgpu.io/node-policy", registry.production_names()),
         ({"vgpu.io/gpu-policy": "tetris"}, "vgpu.io/gpu-policy", ["binpack", "spread"]),
+        ({"vgpu.io/node-policy": "fragaware-wg100"}, "benchmark experiment", registry.production_names()),
     ],
 )
 def test_bad_policy_annotation_names_the_known_policies(
@@ -238,8 +239,37 @@ def test_bad_policy_annotation_names_the_known_policies(
         with pytest.raises(UnknownPolicyError) as info:
             call()
         text = str(info.value)
-        assert key in text and "'tetris'" in text
+        assert key in text and repr(next(iter(annotations.values()))) in text
         assert all(name in text for name in known)
+        assert not any(name in text.split("allowed:")[1] for name in registry.EXPERIMENTAL)
+
+
+@pytest.mark.parametrize("experiment", sorted(registry.EXPERIMENTAL))
+def test_a_pod_cannot_pick_a_benchmark_experiment_by_annotation(experiment: str) -> None:
+    """Every node of the cluster says why: the annotation, that the name is an experiment, the allowed values."""
+    p = Planner(ClusterState())
+    for name in ("a", "b"):
+        p.state.upsert_node(make_node(name, 1))
+    pod = make_info(gpumem=1000, annotations={"vgpu.io/node-policy": experiment})
+    with pytest.raises(UnknownPolicyError) as info:
+        p.evaluate(pod)
+    assert str(info.value) == (
+        f"annotation vgpu.io/node-policy: placement policy {experiment!r} is a benchmark experiment, not a "
+        f"production policy; allowed: {', '.join(registry.production_names())}"
+    )
+    with pytest.raises(UnknownPolicyError):
+        p.observe(pod)  # nor teach an experiment's model
+    assert experiment not in p._policies
+
+
+def test_only_the_replay_benchmarks_opt_into_experiments_per_pod() -> None:
+    config = PlacementConfig(experimental_policies=True)
+    p = Planner(ClusterState(config))
+    p.state.upsert_node(make_node("a", 1))
+    pod = make_info(gpumem=1000, annotations={"vgpu.io/node-policy": "fragaware-gpusteps"})
+    assert p.evaluate(pod).best()[0] == "a"  # type: ignore[index]
+    assert p.policy("fragaware-gpusteps").name  # resolved through the registry like any other name
+    assert PlacementConfig().experimental_policies is False
 
 
 def test_per_pod_policy_annotation_overrides_the_cluster_default() -> None:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from device_plugin.testing.node_sim import RecordingKube, SimNode, build
-from device_plugin.watchdog.actions import VIOLATION_ANNOTATION, Enforcer
+from device_plugin.watchdog.actions import Enforcer
 from device_plugin.watchdog.cgroup import CgroupResolver
 from device_plugin.watchdog.hardlimit import HardLimiter
 from device_plugin.watchdog.ladder import LadderConfig, Step
 from device_plugin.watchdog.sampling import NvmlSampler
 from device_plugin.watchdog.watchdog import Watchdog, saturation
+from vgpu import annotations as ann
 
 ALL = (Step.EVENT, Step.ANNOTATE, Step.EVICT)
 
@@ -127,8 +127,8 @@ def test_memory_and_sm_violations_escalate_in_order_and_a_burst_does_not(tmp_pat
     assert steps_of(kube, "bursty") == [] and steps_of(kube, "good") == []
     assert kube.evictions[0] == "serving/mem-hog" and "serving/sm-hog" in kube.evictions
     (target, annotations) = kube.annotations[0]
-    body = json.loads(annotations[VIOLATION_ANNOTATION] or "")
-    assert target == "serving/mem-hog" and body["kinds"] == ["memory"] and body["container"] == "vllm"
+    body = ann.decode_violation(annotations[ann.POD_VIOLATION] or "")
+    assert target == "serving/mem-hog" and body.kinds == ("memory",) and body.container == "vllm"
     snap = wd.snapshot()
     kinds = {(sid.pod, kind) for (sid, kind) in snap.violations}
     assert kinds == {("mem-hog", "memory"), ("sm-hog", "sm")}

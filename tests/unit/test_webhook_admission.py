@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from vgpu.placement import registry
 from vgpu.requests import parse_pod_request
 from vgpu.roles import Role, RoleDecision
 from webhook.admission import INVENTORY_UNKNOWN, Outcome, Settings, build_response, decide, review_dict
@@ -113,3 +114,58 @@ def test_custom_resource_names() -> None:
     names = ResourceNames(count="example.com/vgpu", memory="example.com/vmem")
     got = decide(_request(_pod(**{"example.com/vmem": "100"})), Settings(names=names), None)
     assert {"op": "add", "path": "/spec/containers/0/resources/limits/example.com~1vgpu", "value": "1"} in got.ops
+
+
+def _with_annotations(annotations: dict[str, Any], **limits: str) -> dict[str, Any]:
+    pod = _pod(**limits)
+    pod["metadata"]["annotations"] = annotations
+    return pod
+
+
+@pytest.mark.parametrize("mutating", [True, False])
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        (
+            {"vgpu.io/node-policy": "fragaware-s2000"},
+            "annotation vgpu.io/node-policy: placement policy 'fragaware-s2000' is a benchmark experiment, not a "
+            f"production policy; allowed: {', '.join(registry.production_names())}",
+        ),
+        (
+            {"vgpu.io/node-policy": "tetris"},
+            f"annotation vgpu.io/node-policy: unknown placement policy 'tetris'; "
+            f"allowed: {', '.join(registry.production_names())}",
+        ),
+        (
+            {"vgpu.io/gpu-policy": "random"},
+            "annotation vgpu.io/gpu-policy: unknown GPU policy 'random'; allowed: binpack, spread",
+        ),
+    ],
+)
+def test_a_vgpu_pod_naming_a_policy_it_may_not_use_is_denied(
+    annotations: dict[str, str], message: str, mutating: bool
+) -> None:
+    """Denied at admission, naming the annotation and the allowed values: the extender would refuse it on every node."""
+    pod = _with_annotations(annotations, **{"nvidia.com/gpu": "1"})
+    got = decide(_request(pod), Settings(), None, mutating=mutating)
+    assert not got.allowed and got.code == 400 and not got.ops
+    assert got.message == message
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"vgpu.io/node-policy": "spread", "vgpu.io/gpu-policy": "binpack"},
+        {"vgpu.io/node-policy": "default"},
+        {"vgpu.io/node-policy": 7, "vgpu.io/gpu-policy": ["x"]},  # not strings: not ours to read, as before
+        {},
+    ],
+)
+def test_production_policies_and_absent_annotations_are_admitted(annotations: dict[str, Any]) -> None:
+    pod = _with_annotations(annotations, **{"nvidia.com/gpu": "1"})
+    assert decide(_request(pod), Settings(), None).allowed
+
+
+def test_a_pod_without_vgpus_is_not_checked() -> None:
+    pod = _with_annotations({"vgpu.io/node-policy": "fragaware-wg100"})
+    assert decide(_request(pod), Settings(), None).allowed

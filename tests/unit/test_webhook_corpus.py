@@ -10,6 +10,7 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
 from webhook import labels as L
 from webhook.admission import Settings
@@ -74,12 +75,12 @@ def test_corpus_pod(name: str) -> None:
         return
     mutated = jsonpatch.apply_patch(pod, patch_ops(review))
     got_labels = mutated["metadata"]["labels"]
-    assert got_labels[L.MANAGED] == "true"
+    assert got_labels[ann.LABEL_MANAGED] == "true"
     assert all(L.is_valid_value(v) for v in got_labels.values())
     if "role" in want:
-        assert got_labels[L.ROLE] == want["role"]
+        assert got_labels[ann.LABEL_ROLE] == want["role"]
     if "source" in want:
-        assert got_labels[L.ROLE_SOURCE] == want["source"]
+        assert got_labels[ann.LABEL_ROLE_SOURCE] == want["source"]
     for key, value in want.get("labels", {}).items():
         assert got_labels.get(key) == value, key
     for key in want.get("removed_labels", []):

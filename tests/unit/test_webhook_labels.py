@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vgpu import annotations as ann
 from vgpu.requests import ContainerRequest, PodRequest
 from vgpu.roles import Role, RoleDecision
 from webhook import labels as L
@@ -28,18 +29,18 @@ def test_label_value_syntax(value: str, ok: bool) -> None:
 @pytest.mark.parametrize(
     ("request_", "expect"),
     [
-        (_req(_c(mem=40000, cores=60)), {L.GPUMEM: "40000", L.GPUCORES: "60", L.VGPUS: "1"}),
-        (_req(_c(pct=50)), {L.GPUMEM_PERCENTAGE: "50", L.GPUCORES: "50"}),
-        (_req(_c(mem=1000)), {L.GPUMEM: "1000", L.GPUCORES: "proportional"}),
-        (_req(_c(count=2, pct=100), _c(count=3, mem=10)), {L.VGPUS: "5", L.GPUMEM_PERCENTAGE: "100"}),
+        (_req(_c(mem=40000, cores=60)), {ann.LABEL_GPUMEM: "40000", ann.LABEL_GPUCORES: "60", ann.LABEL_VGPUS: "1"}),
+        (_req(_c(pct=50)), {ann.LABEL_GPUMEM_PERCENTAGE: "50", ann.LABEL_GPUCORES: "50"}),
+        (_req(_c(mem=1000)), {ann.LABEL_GPUMEM: "1000", ann.LABEL_GPUCORES: "proportional"}),
+        (_req(_c(count=2, pct=100), _c(count=3, mem=10)), {ann.LABEL_VGPUS: "5", ann.LABEL_GPUMEM_PERCENTAGE: "100"}),
     ],
 )
 def test_slice_labels(request_: PodRequest, expect: dict[str, str]) -> None:
     got = L.slice_labels(request_, RoleDecision(Role.DECODE, "label"))
     assert expect.items() <= got.items()
-    assert got[L.ROLE] == "decode" and got[L.MANAGED] == "true"
-    assert not ({L.GPUMEM, L.GPUMEM_PERCENTAGE} <= got.keys())
-    assert set(L.stale(got)) == set(L.ALL) - got.keys()
+    assert got[ann.LABEL_ROLE] == "decode" and got[ann.LABEL_MANAGED] == "true"
+    assert not ({ann.LABEL_GPUMEM, ann.LABEL_GPUMEM_PERCENTAGE} <= got.keys())
+    assert set(L.stale(got)) == set(ann.WEBHOOK_LABELS) - got.keys()
 
 
 @given(
@@ -53,4 +54,4 @@ def test_slice_labels_are_always_valid(count: int, mem: int | None, cores: int |
     c = _c(count=count, mem=mem, pct=None if mem is not None else pct, cores=cores)
     got = L.slice_labels(_req(c), RoleDecision(role, "default"))
     assert all(L.is_valid_value(v) for v in got.values())
-    assert got[L.ROLE] == role.value
+    assert got[ann.LABEL_ROLE] == role.value

@@ -2,13 +2,15 @@
 
 Experiment variants (earlier defaults kept so docs/packing.md's comparisons can be rerun) resolve like any
 other name, but are not production values: `production_names()` is what the extender and the chart offer,
-`names()` is what the replay benchmarks may use.
+`names()` is what the replay benchmarks may use. A pod's own `vgpu.io/node-policy` is held to the production
+names too (`check_pod_overrides`): a user cannot pick an experiment by annotation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from vgpu.annotations import POD_GPU_POLICY, POD_NODE_POLICY, PodOverrides
 from vgpu.errors import UnknownPolicyError
 from vgpu.placement import bestfit, binpack, dotprod, fgd, fragaware, gpu_clustering, gpu_packing, randomfit, spread
 from vgpu.placement.base import NodePolicy
@@ -67,3 +69,21 @@ def create(name: str) -> NodePolicy:
     except KeyError:
         raise UnknownPolicyError(f"unknown placement policy {name!r}; known: {', '.join(names())}") from None
     return factory()
+
+
+def check_pod_overrides(overrides: PodOverrides, *, experimental: bool = False) -> None:
+    """A pod's policy annotations name a production node policy and a GPU policy; UnknownPolicyError naming the
+    annotation and the allowed values otherwise. `experimental` (PlacementConfig.experimental_policies, which only
+    the replay benchmarks set) also lets the node policy be an experiment."""
+    if overrides.node_policy is not None:
+        try:
+            if experimental:
+                create(overrides.node_policy)
+            else:
+                check_production(overrides.node_policy)
+        except UnknownPolicyError as exc:
+            raise UnknownPolicyError(f"annotation {POD_NODE_POLICY}: {exc}") from None
+    if overrides.gpu_policy is not None and overrides.gpu_policy not in GPU_POLICIES:
+        raise UnknownPolicyError(
+            f"annotation {POD_GPU_POLICY}: unknown GPU policy {overrides.gpu_policy!r}; allowed: {', '.join(GPU_POLICIES)}"
+        )

@@ -93,7 +93,7 @@ def replay(
     seq = arrivals(pods, seed, cap)
     if pods_limit is not None:
         seq = seq[:pods_limit]
-    state = ClusterState(PlacementConfig(node_policy=policy))
+    state = ClusterState(PlacementConfig(node_policy=policy, experimental_policies=True))  # experiments are its job
     for node_row in gpu_nodes:
         state.upsert_node(to_inventory(node_row))
     planner = Planner(state)
