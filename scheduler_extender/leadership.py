@@ -15,13 +15,34 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from scheduler_extender.kube import CoreApi, clear_other_leader_labels, lease_store, list_active_pods, mark_leader
 from scheduler_extender.leader import LeaderElector
-from scheduler_extender.service import ExtenderService
 from scheduler_extender.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
+
+
+class Replica(Protocol):
+    """All the election drives in this replica (`scheduler_extender.service.ExtenderService` implements it)."""
+
+    @property
+    def ready(self) -> threading.Event:
+        """Set once the state has synced: the election starts then, so a new leader never serves a cold state."""
+        ...
+
+    def set_leading(self, leading: bool, *, leader: str = "") -> None:
+        """Serve the verbs (leading) or refuse them naming `leader`."""
+        ...
+
+    def leader_seen(self, holder: str) -> None:
+        """Another replica holds the lease: name it in the refusals."""
+        ...
+
+    def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
+        """Learn the running pods the leader placed while this replica stood by."""
+        ...
 
 
 @dataclass
@@ -36,7 +57,7 @@ class Election:
         self.elector.stop(release=True)
 
 
-def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: CoreApi) -> Election:
+def start_leader_election(s: ExtenderSettings, service: Replica, api: CoreApi) -> Election:
     """Stand by until this replica holds the Lease; the election starts once the service's state has synced."""
     identity = f"{s.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -67,9 +88,6 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: Co
             election.lost.set()
             os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully; main exits 1
 
-    def holder_seen(holder: str) -> None:
-        service.leader = holder  # named in a standby's 503s
-
     elector = LeaderElector(
         lease_store(namespace=s.leader_elect_resource_namespace, name=s.leader_elect_resource_name),
         identity,
@@ -78,7 +96,7 @@ def start_leader_election(s: ExtenderSettings, service: ExtenderService, api: Co
         retry_s=s.leader_elect_retry_period_seconds,
         on_started=started,
         on_stopped=stopped,
-        on_holder=holder_seen,
+        on_holder=service.leader_seen,
     )
     service.set_leading(False)
     label(False)  # a label left by an earlier run of this pod (labels outlive container restarts)

@@ -21,16 +21,10 @@ from vgpu import annotations as ann
 from vgpu.claims import Claim, order_key, settle
 from vgpu.devices import NodeInventory
 from vgpu.errors import CapacityError, CodecError
+from vgpu.pod import bound_node, is_finished, pod_key
 from vgpu.state import ClusterState
 
 log = logging.getLogger(__name__)
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
 class StateSync:
@@ -90,8 +84,7 @@ class StateSync:
 
     def pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
         key = pod_key(pod)
-        phase = (pod.get("status") or {}).get("phase")
-        if kind == "DELETED" or phase in TERMINAL_PHASES:
+        if kind == "DELETED" or is_finished(pod):
             self._forget(key)
             self._release(key)
             return
@@ -115,7 +108,7 @@ class StateSync:
                 self._forget(key)
                 self._release(key)
             return
-        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        bound = bool(bound_node(pod))
         if bound:
             self.unbound.pop(key, None)
             self.first_seen.pop(key, None)
@@ -208,6 +201,5 @@ class StateSync:
 
 
 def _list_order(pod: Mapping[str, Any]) -> tuple[bool, str, str]:
-    meta = pod.get("metadata") or {}
-    bound = bool((pod.get("spec") or {}).get("nodeName"))
-    return order_key(bound=bound, created=str(meta.get("creationTimestamp") or ""), key=pod_key(pod))
+    created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    return order_key(bound=bool(bound_node(pod)), created=created, key=pod_key(pod))

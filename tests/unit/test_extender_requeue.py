@@ -180,7 +180,7 @@ def test_a_deleted_holder_nudges_exactly_the_rejected_pods() -> None:
     waiters = [_pod(f"w{i}", 60) for i in range(2)]
     for w in waiters:
         assert _filter(svc, w) == []
-    assert list(svc.unschedulable) == ["ns/w0", "ns/w1"]
+    assert list(svc.pending) == ["ns/w0", "ns/w1"]
     svc.pod_event("DELETED", holders[0])
     assert set(req.pending()) == {"ns/w0", "ns/w1"}
     req.run_once()
@@ -218,7 +218,7 @@ def test_no_release_no_nudge_and_the_nudge_itself_changes_nothing() -> None:
     nudged = {**waiter, "metadata": {**waiter["metadata"], "annotations": {ann.POD_REQUEUE: "1.000"}}}
     svc.pod_event("MODIFIED", nudged)  # the watch shows our own patch: no state change, no new nudge
     assert svc.state.assignments == before and req.pending() == {} and rec.sent == []
-    assert "ns/w" in svc.unschedulable
+    assert "ns/w" in svc.pending
 
 
 def test_a_bound_or_deleted_pending_pod_is_not_nudged() -> None:
@@ -265,7 +265,7 @@ def test_without_a_requeuer_the_release_is_unchanged() -> None:
     holders = _fill(svc, binder)
     assert _filter(svc, _pod("w", 60)) == []
     svc.pod_event("DELETED", holders[0])
-    assert "ns/h0" not in svc.state.assignments and "ns/w" in svc.unschedulable
+    assert "ns/h0" not in svc.state.assignments and "ns/w" in svc.pending
 
 
 def _node(name: str, gpus: int, *, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from scheduler_extender import schema
-from scheduler_extender.service import LEARN_BOOTSTRAP, ExtenderService, ServiceOptions
+from scheduler_extender import service as service_module
+from scheduler_extender.learning import LEARN_BOOTSTRAP
+from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.sources.kube import KubeSource
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
@@ -81,7 +83,7 @@ def test_bind_writes_then_binds_and_holds_the_slice(setup: tuple[ExtenderService
     binder.pods["ns/p"] = pod
     assert _bind(svc, pod, "a") == ""
     assert binder.written["ns/p"].node == "a" and pod["spec"]["nodeName"] == "a"
-    assert svc.state.assignments["ns/p"] == binder.written["ns/p"] and not svc.inflight
+    assert svc.state.assignments["ns/p"] == binder.written["ns/p"] and not len(svc.reservations)
 
 
 @pytest.mark.parametrize("step", ["fail_write", "fail_bind"])
@@ -94,7 +96,7 @@ def test_a_failed_write_or_binding_releases_and_marks_failed(
     setattr(binder, step, True)
     err = _bind(svc, pod, "a")
     assert "binding failed" in err and "ns/p" in err
-    assert "ns/p" not in svc.state.assignments and not svc.inflight
+    assert "ns/p" not in svc.state.assignments and not len(svc.reservations)
     assert binder.failed == ["ns/p"]
     assert svc.state.totals()["memory_used_mib"] == 0
 
@@ -163,7 +165,7 @@ def _recording_learner() -> tuple[ExtenderService, list[str], list[float]]:
     observed: list[str] = []
     svc = ExtenderService(_state(), FakeBinder(), options=ServiceOptions(relearn_interval_s=10))
     now = [0.0]
-    svc.clock = lambda: now[0]
+    svc.learning.clock = lambda: now[0]
     policy = svc.planner.policy(svc.planner.config.node_policy)
     policy.observe = lambda pod: observed.append(pod.name)  # type: ignore[method-assign]
     return svc, observed, now
@@ -202,8 +204,10 @@ def test_prioritize_reuses_the_parse_of_the_pod_filter_got_and_a_changed_pod_is_
 ) -> None:
     svc, _binder = setup
     parsed: list[str] = []
-    parse = svc._parse
-    monkeypatch.setattr(svc, "_parse", lambda pod: parsed.append(pod["metadata"]["name"]) or parse(pod))
+    parse = service_module.pod_info
+    monkeypatch.setattr(
+        service_module, "pod_info", lambda pod, *a: parsed.append(pod["metadata"]["name"]) or parse(pod, *a)
+    )
     pod = _pod("p", 10)
     filtered = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
     wire_copy = copy.deepcopy(pod)  # what /prioritize decodes from its own body: equal, not the same object
@@ -228,7 +232,7 @@ def test_a_bad_policy_annotation_is_refused_and_does_not_poison_learning() -> No
     result = svc.filter(schema.ExtenderArgs(Pod=bad, NodeNames=["a", "b"]))
     assert result["NodeNames"] == [] and "tetris" in result["FailedAndUnresolvableNodes"]["a"]
     svc.filter(schema.ExtenderArgs(Pod=_pod("good", 10), NodeNames=["a"]))
-    assert observed == ["good"] and svc._to_learn == []
+    assert observed == ["good"] and svc.learning.queued == 0
 
 
 def _running(name: str, pct: int, gpu: str, **meta: Any) -> dict[str, Any]:

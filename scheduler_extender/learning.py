@@ -1,0 +1,164 @@
+"""What learning placement policies (fragaware) are fed: pods arriving at /filter, in batches, and running pods once.
+
+A relearn re-scores every node once for every active pod shape (~0.5 s a shape at 5,000 nodes, on the request
+path), so after a first picture (`LEARN_BOOTSTRAP` pods) arrivals are fed at most once per relearn interval.
+Running pods that hold our assignments seed the picture (the first pod list; on taking over, the pods the leader
+placed meanwhile) and are never fed again: not by a second seeding, not as "first seen" at /filter.
+
+Not thread-safe: callers hold the state lock, except around `first_seen`, which only /filter calls (one thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from scheduler_extender.metrics import ExtenderMetrics
+from vgpu import annotations as ann
+from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.pod import PodInfo, is_finished, pod_key, pod_uid
+
+log = logging.getLogger(__name__)
+
+LEARN_BOOTSTRAP = 16
+RECENT_PODS = 4096  # UIDs remembered as seen: a pod re-filtered within this many others is not "first seen" again
+
+Candidates = list[tuple[str, PodInfo]]  # (UID, the pod's parse) of running pods that hold an assignment
+
+
+class Observer(Protocol):
+    """The placement side: `vgpu.planner.Planner`. Raises UnknownPolicyError for a pod naming no known policy."""
+
+    def observe(self, pod: PodInfo) -> None: ...
+
+
+def seed_candidates(
+    pods: Iterable[Mapping[str, Any]], parse: Callable[[Mapping[str, Any]], PodInfo]
+) -> tuple[Candidates, Counter[str]]:
+    """The listed pods that hold one of our assignments and still run, parsed; the others that hold one are
+    counted by why they were skipped. Needs no lock."""
+    out: Candidates = []
+    skipped: Counter[str] = Counter()
+    for pod in pods:
+        if ann.POD_ASSIGNMENT not in ((pod.get("metadata") or {}).get("annotations") or {}) or is_finished(pod):
+            continue
+        try:
+            info = parse(pod)
+        except RequestError as exc:
+            skipped["invalid-request"] += 1
+            log.warning("not seeding learning from pod", extra={"pod": pod_key(pod), "error": str(exc)})
+            continue
+        except Exception as exc:  # a malformed object must never stop the seeding
+            skipped["unparsable"] += 1
+            log.warning("not seeding learning from pod", extra={"pod": pod_key(pod), "error": repr(exc)})
+            continue
+        if info.request.is_empty:
+            skipped["empty-request"] += 1
+            continue
+        out.append((pod_uid(pod), info))
+    return out, skipped
+
+
+class Learning:
+    def __init__(
+        self,
+        policy: Observer,
+        *,
+        relearn_interval_s: float = 60.0,
+        bootstrap: int = LEARN_BOOTSTRAP,
+        metrics: ExtenderMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.relearn_interval_s = relearn_interval_s
+        self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.clock = clock
+        self._queued: list[PodInfo] = []
+        self._learned = 0
+        self._last_learn = float("-inf")
+        self._recent: OrderedDict[str, None] = OrderedDict()  # UIDs /filter saw, oldest first
+        self._seeded: set[str] = set()  # UIDs of running pods that seeded learning
+
+    @property
+    def queued(self) -> int:
+        """Arrivals waiting for the next relearn."""
+        return len(self._queued)
+
+    @property
+    def learned(self) -> int:
+        return self._learned
+
+    def first_seen(self, uid: str) -> bool:
+        """Note that /filter got this pod; True only the first time, and never for a pod that seeded learning."""
+        if not uid:
+            return False
+        new = uid not in self._recent and uid not in self._seeded
+        self._recent[uid] = None
+        self._recent.move_to_end(uid)
+        if len(self._recent) > RECENT_PODS:
+            self._recent.popitem(last=False)
+        return new
+
+    def arrived(self, info: PodInfo) -> None:
+        """Feed an arriving pod; batched so a burst causes at most one relearn per interval."""
+        self._queued.append(info)
+        now = self.clock()
+        if self._learned >= self.bootstrap and now - self._last_learn < self.relearn_interval_s:
+            return
+        self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        for pod in self._queued:
+            try:
+                self.policy.observe(pod)
+            except UnknownPolicyError:
+                continue  # its filter reports the bad annotation; it must not poison the batch
+        self._learned += len(self._queued)
+        self._queued.clear()
+        self._last_learn = now
+
+    def seed(self, candidates: Candidates, skipped: Counter[str]) -> int:
+        """Feed running pods not seeded before as one batch (one observe each); returns how many were fed.
+
+        They count towards the bootstrap and as a relearn, so /filter's batches carry on from here; arrivals
+        queued before are fed in the same batch.
+        """
+        now = self.clock()
+        self._flush(now)
+        seeded = 0
+        for uid, info in candidates:
+            if uid and uid in self._seeded:
+                continue
+            try:
+                self.policy.observe(info)
+            except UnknownPolicyError as exc:
+                skipped["unknown-policy"] += 1
+                log.warning("not seeding learning from pod", extra={"pod": info.key, "error": str(exc)})
+                continue
+            seeded += 1
+            if uid:
+                self._seeded.add(uid)
+        self._learned += seeded
+        self._last_learn = now
+        if self.metrics is not None:
+            self.metrics.learning_seeded.inc(seeded)
+            for reason, n in skipped.items():
+                self.metrics.learning_seed_skipped.labels(reason).inc(n)
+        log.info(
+            "learning seeded from running pods",
+            extra={"seeded": seeded, "skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped)},
+        )
+        return seeded
+
+    def forget(self, uid: str) -> None:
+        """The pod is deleted or finished: a pod with its UID will never run again."""
+        self._seeded.discard(uid)
+
+    def keep_only(self, uids: Iterable[str]) -> None:
+        """A relist: forget the seeded pods it no longer holds."""
+        if self._seeded:
+            self._seeded &= set(uids)

@@ -1,0 +1,109 @@
+"""The slices /bind holds while its apiserver calls are in flight, and the unbound reservations it leaves behind.
+
+`reserve` chooses GPUs on fresh state and applies them before any I/O, so concurrent binds never over-commit a GPU
+and never wait on each other's round trips; a refusal (`Refused`) changes nothing. The bind then ends in `bound`
+or `roll_back`. An assignment written whose Binding never landed stays reserved for the bind grace on this
+extender's own clock (`scheduler_extender.sync`), and is dropped earlier when its pod comes back to /filter.
+
+Not thread-safe: callers hold the state lock. Releasing capacity calls `on_freed` (the pending pods' nudge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler_extender.sync import StateSync
+from vgpu.annotations import Assignment
+from vgpu.errors import CapacityError, UnknownPolicyError
+from vgpu.planner import Planner
+from vgpu.pod import PodInfo
+from vgpu.state import ClusterState
+
+
+class Refused(Exception):
+    """A bind refused before anything changed; the message says why."""
+
+
+class Reservations:
+    def __init__(
+        self,
+        state: ClusterState,
+        planner: Planner,
+        sync: StateSync,
+        *,
+        on_freed: Callable[[], None] = lambda: None,
+        on_count: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.state = state
+        self.planner = planner
+        self.sync = sync
+        self._freed = on_freed
+        self._count = on_count
+        self._inflight: set[str] = set()  # pods whose bind is between `reserve` and `bound`/`roll_back`
+
+    def __contains__(self, key: object) -> bool:
+        """A bind of this pod is in flight."""
+        return key in self._inflight
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def reserve(self, key: str, node: str, info: PodInfo) -> Assignment | None:
+        """Start a bind of `info` to `node`: hold the slices it needs there (None for a pod that asks for no GPU).
+        Raises Refused, with nothing changed, for a pod already being bound, one holding a live assignment
+        (bound or reserved) and one that no longer fits."""
+        if key in self._inflight:
+            raise Refused("a bind of this pod is already in progress")
+        held = self.state.assignments.get(key) or self.state.orphans.get(key)
+        if held is not None:
+            raise Refused(
+                f"it holds a live assignment on {held.node}; refused until that is released "
+                f"(the pod is deleted, its bind fails, or its reservation expires after {self.sync.bind_grace_s:g} s)"
+            )
+        assignment = None if info.request.is_empty else self._apply(key, node, info)
+        self._inflight.add(key)
+        self._count(len(self._inflight))
+        return assignment
+
+    def _apply(self, key: str, node: str, info: PodInfo) -> Assignment:
+        try:
+            result = self.planner.evaluate_node(node, info)
+        except UnknownPolicyError as exc:
+            raise Refused(str(exc)) from None
+        if result.placement is None:
+            raise Refused(f"no longer fits: {result.failure.reason if result.failure else 'does not fit'}")
+        assignment = result.placement.assignment(info)
+        try:
+            self.state.apply(key, assignment)
+        except CapacityError as exc:  # cannot happen after a fresh fit; keep it loud
+            raise Refused(str(exc)) from None
+        self.sync.own_bind(key)
+        return assignment
+
+    def bound(self, key: str) -> None:
+        """The Binding landed: the slices stay held, now by a bound pod."""
+        self._inflight.discard(key)
+        self._count(len(self._inflight))
+
+    def roll_back(self, key: str, assignment: Assignment | None) -> None:
+        """The write or the Binding failed: free what `reserve` held; refused claims and pending pods may fit now."""
+        self._inflight.discard(key)
+        self._count(len(self._inflight))
+        if assignment is not None:
+            self.state.release(key)
+            self.sync.settle()
+            self._freed()  # others may have been rejected while this bind held the slices
+
+    def release_stale(self, info: PodInfo) -> None:
+        """Before evaluating a pod: expire reservations past their grace, and drop this pod's own unbound
+        reservation, which a failed earlier bind of it left (it is being scheduled again)."""
+        self.expire()
+        if info.key in self.sync.unbound and not info.node_name and info.key not in self._inflight:
+            # Only an unbound reservation: a /filter body naming a bound pod never frees that pod's slices.
+            del self.sync.unbound[info.key]
+            self.state.release(info.key)
+
+    def expire(self) -> None:
+        """Release the reservations of binds that never completed within the grace."""
+        if self.sync.unbound and self.sync.expire_unbound():
+            self._freed()
