@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler_extender import schema
+from scheduler_extender.bind import BindVerb
 from scheduler_extender.binder import Binder
 from scheduler_extender.learning import Learning, seed_candidates
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
 from scheduler_extender.recent import RecentPods
 from scheduler_extender.requeue import Requeuer
-from scheduler_extender.reservations import Refused, Reservations
+from scheduler_extender.reservations import Reservations
 from scheduler_extender.sync import StateSync
-from vgpu.annotations import Assignment
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
@@ -82,6 +81,15 @@ class ExtenderService:
         )
         self.reservations = Reservations(
             state, self.planner, self.sync, on_freed=self.pending.capacity_freed, on_count=self.metrics.inflight.set
+        )
+        self._bind = BindVerb(
+            binder,
+            lock=self.lock,
+            reservations=self.reservations,
+            pending=self.pending,
+            recent=self.recent,
+            parse=self._parse,
+            metrics=self.metrics,
         )
         self.ready = threading.Event()
         # Set while this replica may serve the verbs: always without leader election; with it, only while it leads
@@ -151,91 +159,8 @@ class ExtenderService:
         return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
-        """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
-        read fresh (GET), the UID must match PodUID, and a pod that is bound already or holds a live assignment
-        is refused with nothing changed (no assignment written or deleted, no slice freed)."""
-        key = f"{args.PodNamespace}/{args.PodName}"
-        started = time.perf_counter()
-        try:
-            pod = self._pod_to_bind(args, key)
-            info = self._parse_to_bind(pod)
-            with self.lock:
-                assignment = self.reservations.reserve(key, args.Node, info)
-        except Refused as exc:
-            return self._bind_failed(key, args.Node, str(exc))
-        uid = pod_uid(pod) or args.PodUID
-        try:
-            if assignment is not None:
-                self.binder.write_assignment(
-                    namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
-                )
-            self._bind_checked(args, uid)
-        except Exception as exc:
-            self._roll_back(args, uid, assignment, reason=str(exc))
-            return self._bind_failed(key, args.Node, f"binding failed: {exc}")
-        with self.lock:
-            self.reservations.bound(key)
-            self.pending.done(key)
-        self.metrics.bound(time.perf_counter() - started)
-        slices = [f"{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in assignment.slices()] if assignment else []
-        log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
-        return schema.binding_result()
-
-    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
-        """The pod as the apiserver holds it now (the file source: as /filter last saw it). Raises Refused for a
-        pod that is missing, was recreated under another UID or is bound already."""
-        try:
-            pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
-        except Exception as exc:
-            raise Refused(f"cannot read the pod from the apiserver: {exc}") from None
-        if pod is None and self.recent.keep_bodies:
-            pod = self.recent.body(key)
-        if pod is None:
-            raise Refused("pod not found")
-        uid = pod_uid(pod)
-        if args.PodUID and uid != args.PodUID:
-            raise Refused(f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused")
-        if bound_to := bound_node(pod):
-            raise Refused(f"already bound to {bound_to}; a bound pod is never bound again")
-        return pod
-
-    def _parse_to_bind(self, pod: dict[str, Any]) -> PodInfo:
-        try:
-            return self._parse(pod)
-        except (RequestError, UnknownPolicyError) as exc:
-            raise Refused(str(exc)) from None
-
-    def _bind_checked(self, args: schema.ExtenderBindingArgs, uid: str) -> None:
-        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have)."""
-        try:
-            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid, node=args.Node)
-        except Exception:
-            try:
-                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
-            except Exception:
-                pod = None
-            if pod is None or bound_node(pod) != args.Node:
-                raise
-            log.info("binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"})
-
-    def _roll_back(
-        self, args: schema.ExtenderBindingArgs, uid: str, assignment: Assignment | None, *, reason: str
-    ) -> None:
-        """Free what the failed bind held, then (best effort, outside the lock) mark its written assignment failed."""
-        key = f"{args.PodNamespace}/{args.PodName}"
-        with self.lock:
-            self.reservations.roll_back(key, assignment)
-        if assignment is None:
-            return
-        try:
-            self.binder.mark_failed(namespace=args.PodNamespace, name=args.PodName, uid=uid, reason=reason)
-        except Exception as exc:
-            log.warning("could not mark assignment failed", extra={"pod": key, "error": str(exc)})
-
-    def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
-        self.metrics.bind_failure()
-        log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
-        return schema.binding_result(f"bind {key} to {node}: {reason}")
+        """Bind the pod the apiserver holds under PodNamespace/PodName (scheduler_extender.bind)."""
+        return self._bind.bind(args)
 
     def expire_unbound(self) -> None:
         with self.lock:

@@ -1,0 +1,134 @@
+"""/bind: the pod read from the apiserver, its slices reserved under the state lock, the assignment written and
+the Binding created outside it, then the reservation settled (kept by a bound pod, or rolled back).
+
+What is refused (a pod bound already, holding a live assignment, recreated under another UID, no longer fitting)
+is refused before anything changes: docs/extender.md, "Security".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scheduler_extender import schema
+from scheduler_extender.binder import Binder
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.pending import Pending
+from scheduler_extender.recent import RecentPods
+from scheduler_extender.reservations import Refused, Reservations
+from vgpu.annotations import Assignment
+from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.pod import PodInfo, bound_node, pod_uid
+
+log = logging.getLogger(__name__)
+
+
+class BindVerb:
+    def __init__(
+        self,
+        binder: Binder,
+        *,
+        lock: threading.RLock,
+        reservations: Reservations,
+        pending: Pending,
+        recent: RecentPods,
+        parse: Callable[[Mapping[str, Any]], PodInfo],
+        metrics: ExtenderMetrics,
+    ) -> None:
+        self.binder = binder
+        self.lock = lock
+        self.reservations = reservations
+        self.pending = pending
+        self.recent = recent
+        self._parse = parse
+        self.metrics = metrics
+
+    def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
+        """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
+        read fresh (GET), the UID must match PodUID, and a pod that is bound already or holds a live assignment
+        is refused with nothing changed (no assignment written or deleted, no slice freed)."""
+        key = f"{args.PodNamespace}/{args.PodName}"
+        started = time.perf_counter()
+        try:
+            pod = self._pod_to_bind(args, key)
+            info = self._parse_to_bind(pod)
+            with self.lock:
+                assignment = self.reservations.reserve(key, args.Node, info)
+        except Refused as exc:
+            return self._bind_failed(key, args.Node, str(exc))
+        uid = pod_uid(pod) or args.PodUID
+        try:
+            if assignment is not None:
+                self.binder.write_assignment(
+                    namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
+                )
+            self._bind_checked(args, uid)
+        except Exception as exc:
+            self._roll_back(args, uid, assignment, reason=str(exc))
+            return self._bind_failed(key, args.Node, f"binding failed: {exc}")
+        with self.lock:
+            self.reservations.bound(key)
+            self.pending.done(key)
+        self.metrics.bound(time.perf_counter() - started)
+        slices = [f"{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in assignment.slices()] if assignment else []
+        log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
+        return schema.binding_result()
+
+    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
+        """The pod as the apiserver holds it now (the file source: as /filter last saw it). Raises Refused for a
+        pod that is missing, was recreated under another UID or is bound already."""
+        try:
+            pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+        except Exception as exc:
+            raise Refused(f"cannot read the pod from the apiserver: {exc}") from None
+        if pod is None and self.recent.keep_bodies:
+            pod = self.recent.body(key)
+        if pod is None:
+            raise Refused("pod not found")
+        uid = pod_uid(pod)
+        if args.PodUID and uid != args.PodUID:
+            raise Refused(f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused")
+        if bound_to := bound_node(pod):
+            raise Refused(f"already bound to {bound_to}; a bound pod is never bound again")
+        return pod
+
+    def _parse_to_bind(self, pod: dict[str, Any]) -> PodInfo:
+        try:
+            return self._parse(pod)
+        except (RequestError, UnknownPolicyError) as exc:
+            raise Refused(str(exc)) from None
+
+    def _bind_checked(self, args: schema.ExtenderBindingArgs, uid: str) -> None:
+        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have)."""
+        try:
+            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid, node=args.Node)
+        except Exception:
+            try:
+                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+            except Exception:
+                pod = None
+            if pod is None or bound_node(pod) != args.Node:
+                raise
+            log.info("binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"})
+
+    def _roll_back(
+        self, args: schema.ExtenderBindingArgs, uid: str, assignment: Assignment | None, *, reason: str
+    ) -> None:
+        """Free what the failed bind held, then (best effort, outside the lock) mark its written assignment failed."""
+        key = f"{args.PodNamespace}/{args.PodName}"
+        with self.lock:
+            self.reservations.roll_back(key, assignment)
+        if assignment is None:
+            return
+        try:
+            self.binder.mark_failed(namespace=args.PodNamespace, name=args.PodName, uid=uid, reason=reason)
+        except Exception as exc:
+            log.warning("could not mark assignment failed", extra={"pod": key, "error": str(exc)})
+
+    def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
+        self.metrics.bind_failure()
+        log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
+        return schema.binding_result(f"bind {key} to {node}: {reason}")
