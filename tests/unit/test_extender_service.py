@@ -16,6 +16,7 @@ from scheduler_extender.sources.kube import KubeSource
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.placement import registry
 from vgpu.placement.frag import shape_of
 from vgpu.placement.fragaware import FragAware
 from vgpu.state import ClusterState
@@ -233,6 +234,20 @@ def test_a_bad_policy_annotation_is_refused_and_does_not_poison_learning() -> No
     assert result["NodeNames"] == [] and "tetris" in result["FailedAndUnresolvableNodes"]["a"]
     svc.filter(schema.ExtenderArgs(Pod=_pod("good", 10), NodeNames=["a"]))
     assert observed == ["good"] and svc.learning.queued == 0
+
+
+@pytest.mark.parametrize("experiment", sorted(registry.EXPERIMENTAL))
+def test_a_pod_naming_a_benchmark_experiment_is_refused_on_every_node_with_the_allowed_values(experiment: str) -> None:
+    svc = ExtenderService(_state(), FakeBinder())
+    pod = _pod("exp", 10, annotations={ann.POD_NODE_POLICY: experiment})
+    result = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert result["NodeNames"] == []
+    reasons = result["FailedAndUnresolvableNodes"]
+    assert set(reasons) == {"a", "b"}
+    for reason in reasons.values():
+        assert f"annotation vgpu.io/node-policy: placement policy {experiment!r} is a benchmark experiment" in reason
+        assert f"allowed: {', '.join(registry.production_names())}" in reason
+    assert experiment not in svc.planner._policies  # never instantiated for a pod
 
 
 def _running(name: str, pct: int, gpu: str, **meta: Any) -> dict[str, Any]:
