@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from scheduler_extender import schema
-from scheduler_extender import service as service_module
 from scheduler_extender.learning import LEARN_BOOTSTRAP
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.sources.kube import KubeSource
@@ -19,6 +18,7 @@ from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.placement import registry
 from vgpu.placement.frag import shape_of
 from vgpu.placement.fragaware import FragAware
+from vgpu.pod import PodInfo, pod_info
 from vgpu.state import ClusterState
 
 
@@ -205,10 +205,12 @@ def test_prioritize_reuses_the_parse_of_the_pod_filter_got_and_a_changed_pod_is_
 ) -> None:
     svc, _binder = setup
     parsed: list[str] = []
-    parse = service_module.pod_info
-    monkeypatch.setattr(
-        service_module, "pod_info", lambda pod, *a: parsed.append(pod["metadata"]["name"]) or parse(pod, *a)
-    )
+
+    def counting(pod: dict[str, Any], *args: Any) -> PodInfo:
+        parsed.append(pod["metadata"]["name"])
+        return pod_info(pod, *args)
+
+    monkeypatch.setattr("scheduler_extender.service.pod_info", counting)  # what every verb parses with
     pod = _pod("p", 10)
     filtered = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
     wire_copy = copy.deepcopy(pod)  # what /prioritize decodes from its own body: equal, not the same object
