@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler_extender import schema
@@ -26,25 +27,17 @@ from vgpu.pod import PodInfo, bound_node, pod_uid
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BindVerb:
-    def __init__(
-        self,
-        binder: Binder,
-        *,
-        lock: threading.RLock,
-        reservations: Reservations,
-        pending: Pending,
-        recent: RecentPods,
-        parse: Callable[[Mapping[str, Any]], PodInfo],
-        metrics: ExtenderMetrics,
-    ) -> None:
-        self.binder = binder
-        self.lock = lock
-        self.reservations = reservations
-        self.pending = pending
-        self.recent = recent
-        self._parse = parse
-        self.metrics = metrics
+    """What /bind works with; the service owns each part and shares `lock` with the other verbs."""
+
+    binder: Binder
+    lock: threading.RLock
+    reservations: Reservations
+    pending: Pending
+    recent: RecentPods
+    parse: Callable[[Mapping[str, Any]], PodInfo]
+    metrics: ExtenderMetrics
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
@@ -97,7 +90,7 @@ class BindVerb:
 
     def _parse_to_bind(self, pod: dict[str, Any]) -> PodInfo:
         try:
-            return self._parse(pod)
+            return self.parse(pod)
         except (RequestError, UnknownPolicyError) as exc:
             raise Refused(str(exc)) from None
 

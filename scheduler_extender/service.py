@@ -83,7 +83,7 @@ class ExtenderService:
             state, self.planner, self.sync, on_freed=self.pending.capacity_freed, on_count=self.metrics.inflight.set
         )
         self._bind = BindVerb(
-            binder,
+            binder=binder,
             lock=self.lock,
             reservations=self.reservations,
             pending=self.pending,
