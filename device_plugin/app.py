@@ -13,7 +13,7 @@ from device_plugin.manager import DeviceManager
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.nvml.discovery import DiscoveryError, discover
 from device_plugin.pods import KubeletPods, PodSource
-from device_plugin.server import PluginServer, SocketPaths
+from device_plugin.server import GrpcLimits, PluginServer, SocketPaths
 from device_plugin.telemetry.discovery_file import DiscoveryFileWriter
 from device_plugin.telemetry.epp import epp_registry
 from device_plugin.telemetry.exporter import node_registry
@@ -78,6 +78,12 @@ class Plugin:
             self.board,
             SocketPaths(config.plugin_dir, config.socket_name),
             resource=config.resource_name,
+            limits=GrpcLimits(
+                workers=config.grpc_workers,
+                keepalive_s=config.grpc_keepalive_s,
+                max_idle_s=config.grpc_max_idle_s,
+                max_message_bytes=config.grpc_max_message_bytes,
+            ),
         )
         self._stop = threading.Event()
         self._reconciler: threading.Thread | None = None
@@ -118,7 +124,15 @@ class Plugin:
             if not port:
                 continue
             try:
-                self.metrics_servers.append(serve(registry, host=self.config.metrics_host, port=port))
+                self.metrics_servers.append(
+                    serve(
+                        registry,
+                        host=self.config.metrics_host,
+                        port=port,
+                        timeout_s=self.config.http_timeout_s,
+                        max_connections=self.config.http_max_connections,
+                    )
+                )
             except OSError as exc:
                 log.error("cannot serve metrics on %s:%d: %s", self.config.metrics_host, port, exc)
 

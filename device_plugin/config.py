@@ -69,6 +69,17 @@ class PluginConfig(BaseModel):
     )
     allocate_retry_s: float = Field(default=2.0, description="seconds Allocate waits for a pod's assignment to appear")
     reconcile_s: float = Field(default=30.0, description="seconds between bind-phase reconciliations")
+    # Connection limits (docs/device-plugin.md, "Limits"): the gRPC socket and the HTTP exporters.
+    grpc_workers: int = Field(default=16, description="gRPC worker threads (each RPC in flight holds one)")
+    grpc_keepalive_s: float = Field(
+        default=60.0, description="seconds a gRPC connection may be silent before it is pinged (closed unanswered)"
+    )
+    grpc_max_idle_s: float = Field(default=300.0, description="seconds a gRPC connection may carry no RPC")
+    grpc_max_message_bytes: int = Field(default=1 << 20, description="largest gRPC request accepted, in bytes")
+    http_timeout_s: float = Field(
+        default=10.0, description="seconds an exporter connection may take to send its request and be answered"
+    )
+    http_max_connections: int = Field(default=64, description="exporter connections served at once per port")
     # Watchdog and telemetry (docs/enforcement.md, docs/telemetry.md).
     watchdog: bool = Field(default=True, description="run the enforcement watchdog")
     watchdog_interval_s: float = Field(default=1.0, description="seconds between watchdog cycles")
@@ -134,6 +145,16 @@ def problems(c: PluginConfig) -> list[Problem]:
         parse_steps(c.enforcement_steps)
     except ValueError as exc:
         out.append(("enforcement_steps", f"enforcement_steps: {exc}"))
+    for name, lo, hi in (
+        ("grpc_workers", 2, 256),
+        ("grpc_keepalive_s", 10, 3600),
+        ("grpc_max_idle_s", 10, 86400),
+        ("grpc_max_message_bytes", 64 << 10, 64 << 20),
+        ("http_timeout_s", 0.5, 300),
+        ("http_max_connections", 1, 4096),
+    ):
+        if not lo <= getattr(c, name) <= hi:
+            out.append((name, f"{name} must be {lo}..{hi}, got {getattr(c, name)}"))
     for name in ("metrics_port", "epp_port"):
         if not 0 <= getattr(c, name) <= 65535:
             out.append((name, f"{name} must be 0..65535, got {getattr(c, name)}"))

@@ -1,7 +1,8 @@
 """The device manager: devices to advertise, preferred allocations, and Allocate → the right pod's slice.
 
 Knows nothing of gRPC (device_plugin.server translates). Decisions are serialised by an in-process lock
-held only for the duration of one call — never a lock stored anywhere that could outlive the process.
+held only while deciding — never while reading the apiserver or the kubelet, never through a retry wait, and
+never a lock stored anywhere that could outlive the process.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 
 from device_plugin.envs import ContainerSlice, EnvSettings, container_slice
 from device_plugin.health import GpuHealth, HealthBoard
-from device_plugin.matching import Candidate, MatchError, holding, match, preferred
+from device_plugin.matching import Candidate, MatchError, NotVisible, holding, match, preferred
 from device_plugin.pods import KubeletPods, KubeletView, PodRecord, PodSource
-from device_plugin.replicas import replica_ids
+from device_plugin.replicas import gpu_of, replica_ids
 from vgpu import annotations as ann
-from vgpu.assignment_check import AssignmentRefused, NodeGpus, check_assignment
+from vgpu.assignment_check import AssignmentRefused, NodeGpus, check_assignment, shown
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.devices import GpuDevice
 
@@ -90,27 +91,74 @@ class DeviceManager:
         return self.pods.list_node_pods(node=self.node), view
 
     def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
+        try:
+            pods, view = self._inputs()
+        except Exception as exc:
+            log.warning("GetPreferredAllocation: cannot list pods (%s); letting the kubelet choose", exc)
+            return []
         with self._lock:
-            try:
-                pods, view = self._inputs()
-            except Exception as exc:
-                log.warning("GetPreferredAllocation: cannot list pods (%s); letting the kubelet choose", exc)
-                return []
             return preferred(
                 available, must_include, size, pods, node=self.node, kubelet=view, served=self._served.keys()
             )
 
     def allocate(self, requests: list[list[str]]) -> list[ContainerSlice]:
-        """One slice per container request, or AllocationError naming why no single pod could be named or
-        why its assignment is refused. Empty/ambiguous results are re-read for up to retry_s (the kubelet
-        view and the LIST may lag); a refused assignment is not (re-reading would not change it)."""
-        with self._lock:
-            out: list[ContainerSlice] = []
-            for ids in requests:
-                cand = self._match_with_retry(ids)
-                assert cand.pod.assignment is not None
-                try:
-                    served = container_slice(
+        """One slice per container request, all or none, or AllocationError naming why.
+
+        Only "not visible yet" (no pod waiting for the request in the list just read, or the list could not
+        be read) is re-read, for up to retry_s, and the wait holds no lock: other pods are served meanwhile.
+        Everything else is final at once — device IDs we do not advertise or that are unhealthy, an ambiguous
+        or mismatched request, an assignment vgpu.assignment_check refuses — re-reading would not change it.
+        """
+        self.check_devices(requests)
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            try:
+                pods, view = self._inputs()
+            except Exception as exc:  # apiserver unreachable: may come back within retry_s
+                last = f"cannot read pods: {exc}"
+            else:
+                with self._lock:
+                    try:
+                        return self._serve(requests, pods, view)
+                    except NotVisible as exc:
+                        last = str(exc)
+            if time.monotonic() >= deadline:
+                raise AllocationError(f"vGPU Allocate refused: {last}")
+            self.sleep(self.retry_interval_s)
+
+    def check_devices(self, requests: list[list[str]]) -> None:
+        """Every request names at least one device, and only healthy replicas we advertise (else final)."""
+        if not requests:
+            raise AllocationError("vGPU Allocate refused: the request names no container")
+        advertised = {r.id: r for r in self.devices()}
+        for i, ids in enumerate(requests):
+            if not ids:
+                raise AllocationError(f"vGPU Allocate refused: container request {i} names no device")
+            for rid in ids:
+                replica = advertised.get(rid)
+                if replica is None:
+                    raise AllocationError(
+                        f"vGPU Allocate refused: device {shown(rid)} is not advertised by this plugin for "
+                        f"{self.resource} (its devices are <GPU uuid>::<n> for this node's {len(self.gpus)} GPU(s))"
+                    )
+                if not replica.healthy:
+                    reason = self.board.get(gpu_of(rid)).reason or "unhealthy at discovery"
+                    raise AllocationError(f"vGPU Allocate refused: device {rid} is unhealthy ({reason})")
+
+    def _serve(
+        self, requests: list[list[str]], pods: list[PodRecord], view: KubeletView | None
+    ) -> list[ContainerSlice]:
+        """Under the lock: match and slice every container request against one read of the pods, recording
+        them as served only when all succeed (a failure part-way leaves nothing served, so a retry can)."""
+        served = dict(self._served)
+        out: list[ContainerSlice] = []
+        named: dict[str, PodRecord] = {}
+        for ids in requests:
+            cand = self._match(ids, pods, view, served)
+            assert cand.pod.assignment is not None
+            try:
+                out.append(
+                    container_slice(
                         cand.container,
                         namespace=cand.pod.namespace,
                         pod=cand.pod.name,
@@ -118,14 +166,17 @@ class DeviceManager:
                         index=cand.pod.assignment.containers.index(cand.container),
                         settings=self.settings,
                     )
-                except ValueError as exc:  # vet() refuses these first; never serve a path we could not build
-                    raise AllocationError(f"vGPU Allocate refused: pod {cand.pod.key}: {exc}") from None
-                self._served[(cand.pod.uid, cand.container.name)] = tuple(ids)
-                out.append(served)
-                log.info("Allocate %s -> %s[%s]", ids, cand.pod.key, cand.container.name)
-                if self._pod_done(cand.pod):
-                    self._patches.put(cand.pod)
-            return out
+                )
+            except ValueError as exc:  # vet() refuses these first; never serve a path we could not build
+                raise AllocationError(f"vGPU Allocate refused: pod {cand.pod.key}: {exc}") from None
+            served[(cand.pod.uid, cand.container.name)] = tuple(ids)
+            named[cand.pod.uid] = cand.pod
+            log.info("Allocate %s -> %s[%s]", ids, cand.pod.key, cand.container.name)
+        self._served = served
+        for pod in named.values():
+            if self._pod_done(pod):
+                self._patches.put(pod)
+        return out
 
     def node_gpus(self) -> NodeGpus:
         """This node's GPUs and which are unhealthy now (discovery or the health board)."""
@@ -137,8 +188,15 @@ class DeviceManager:
                 unhealthy[g.uuid] = h.reason or "unhealthy at discovery"
         return NodeGpus(node=self.node, gpus={g.uuid: g for g in self.gpus}, unhealthy=unhealthy)
 
-    def vet(self, cand: Candidate, pods: list[PodRecord], view: KubeletView | None) -> None:
-        """vgpu.assignment_check on the candidate's whole pod, counting every assignment held on the node."""
+    def vet(
+        self,
+        cand: Candidate,
+        pods: list[PodRecord],
+        view: KubeletView | None,
+        served: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
+    ) -> None:
+        """vgpu.assignment_check on the candidate's whole pod, counting every assignment held on the node
+        (`served`: what this process has served, with the containers of the request in progress)."""
         pod = cand.pod
         assert pod.assignment is not None
         check_assignment(
@@ -147,31 +205,38 @@ class DeviceManager:
             pod=pod.key,
             pod_uid=pod.uid,
             node=self.node_gpus(),
-            held=holding(pods, node=self.node, kubelet=view, served=self._served.keys(), exclude_uid=pod.uid),
+            held=holding(
+                pods,
+                node=self.node,
+                kubelet=view,
+                served=(self._served if served is None else served).keys(),
+                exclude_uid=pod.uid,
+            ),
             names=self.names,
             defaults=self.defaults,
         )
 
-    def _match_with_retry(self, ids: list[str]) -> Candidate:
-        deadline = time.monotonic() + self.retry_s
-        while True:
-            try:
-                pods, view = self._inputs()
+    def _match(
+        self,
+        ids: list[str],
+        pods: list[PodRecord],
+        view: KubeletView | None,
+        served: Mapping[tuple[str, str], tuple[str, ...]],
+    ) -> Candidate:
+        """The container `ids` is for; NotVisible passes through (retried), every other refusal is final."""
 
-                def vet(cand: Candidate, pods: list[PodRecord] = pods, view: KubeletView | None = view) -> None:
-                    self.vet(cand, pods, view)
+        def vet(cand: Candidate) -> None:
+            self.vet(cand, pods, view, served)
 
-                return match(ids, pods, node=self.node, kubelet=view, served=self._served.keys(), vet=vet)
-            except AssignmentRefused as exc:
-                log.warning("pod %s: assignment refused: %s", exc.pod, exc)
-                raise AllocationError(f"vGPU Allocate refused: {exc}") from None
-            except MatchError as exc:
-                if time.monotonic() >= deadline:
-                    raise AllocationError(f"vGPU Allocate refused: {exc}") from None
-            except Exception as exc:  # apiserver unreachable
-                if time.monotonic() >= deadline:
-                    raise AllocationError(f"vGPU Allocate refused: cannot read pods: {exc}") from None
-            self.sleep(self.retry_interval_s)
+        try:
+            return match(ids, pods, node=self.node, kubelet=view, served=served.keys(), vet=vet)
+        except NotVisible:
+            raise
+        except AssignmentRefused as exc:
+            log.warning("pod %s: assignment refused: %s", exc.pod, exc)
+            raise AllocationError(f"vGPU Allocate refused: {exc}") from None
+        except MatchError as exc:
+            raise AllocationError(f"vGPU Allocate refused: {exc}") from None
 
     def _pod_done(self, pod: PodRecord) -> bool:
         assert pod.assignment is not None

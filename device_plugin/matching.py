@@ -37,6 +37,11 @@ class MatchError(Exception):
     """No single pod can be named for a request; the message says why and lists what was seen."""
 
 
+class NotVisible(MatchError):
+    """No pod is waiting for this request yet: the one being admitted may not be in the pod list we read
+    (its assignment or binding not yet seen). The only refusal that re-reading can change."""
+
+
 def pending_containers(
     pods: Iterable[PodRecord],
     *,
@@ -133,7 +138,7 @@ def match(
         raise MatchError(f"devices {device_ids} put two vGPUs of one container on the same GPU")
     cands = eligible(pods, node=node, kubelet=kubelet, served=served, size=len(device_ids))
     if not cands:
-        raise MatchError(
+        raise NotVisible(
             f"no pod in bind-phase allocating on node {node} has an unserved container with {len(device_ids)} "
             f"vGPU(s) (requested GPUs {sorted(requested)}); was it scheduled by the vGPU extender?"
         )
@@ -184,4 +189,4 @@ def preferred(
 
 def _replica_sort_key(rid: str) -> tuple[str, int]:
     uuid, _, n = rid.rpartition("::")
-    return (uuid, int(n) if n.isdigit() else 0)
+    return (uuid, int(n) if n.isascii() and n.isdigit() else 0)

@@ -20,7 +20,7 @@ def replica_ids(uuid: str, split: int) -> list[str]:
 def gpu_of(device_id: str) -> str:
     """The physical GPU uuid of a replica ID; raises ValueError for an ID we never advertised."""
     uuid, sep, n = device_id.rpartition(SEPARATOR)
-    if not sep or not uuid or not n.isdigit():
+    if not sep or not uuid or not (n.isascii() and n.isdigit()):  # ASCII: isdigit() passes "\u00b2"
         raise ValueError(f"{device_id!r} is not a vGPU replica ID (<uuid>{SEPARATOR}<n>)")
     return uuid
 

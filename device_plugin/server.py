@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
@@ -20,10 +21,45 @@ from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from device_plugin.envs import ContainerSlice
 from device_plugin.health import HealthBoard
 from device_plugin.manager import AllocationError, DeviceManager, Replica
+from device_plugin.status_text import trimmed
 
 log = logging.getLogger(__name__)
 VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+# The kubelet follows one ListAndWatch stream (two briefly around a re-registration); each stream holds a
+# worker thread for its life, so more are refused rather than let them starve Allocate of workers.
+MAX_WATCHERS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    """Connection and message limits of the plugin's gRPC server (docs/device-plugin.md, "Limits").
+
+    Channel-argument names and meanings: grpc/grpc include/grpc/impl/channel_arg_names.h (grpc 1.85). The
+    kubelet (grpc-go) answers server pings whatever its own keepalive settings; its connection is never idle
+    because it always has ListAndWatch open, so max idle only closes other, forgotten connections.
+    """
+
+    workers: int = 16
+    keepalive_s: float = 60.0  # ping a connection silent this long ...
+    keepalive_timeout_s: float = 20.0  # ... and close it if the ping is not answered within this
+    max_idle_s: float = 300.0  # GOAWAY to a connection without an RPC for this long
+    max_message_bytes: int = 1 << 20  # larger requests are refused (RESOURCE_EXHAUSTED) before parsing
+
+    def options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(self.max_idle_s * 1000)),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            # a client pinging more often than every 10 s without data gets GOAWAY (ping flood)
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ]
+
+    @property
+    def max_concurrent_rpcs(self) -> int:
+        """RPCs beyond this are answered RESOURCE_EXHAUSTED at once instead of queueing without bound."""
+        return self.workers * 4
 
 
 def device_pb(r: Replica) -> pb.Device:
@@ -41,46 +77,74 @@ def response_pb(s: ContainerSlice) -> pb.ContainerAllocateResponse:
     )
 
 
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """Abort with `message` cut to what the status trailer carries (the whole of it is logged)."""
+    short = trimmed(message)
+    if short != message:
+        log.warning("full text of a trimmed %s status (%d chars): %s", code.name, len(message), message)
+    context.abort(code, short)
+    raise AssertionError("context.abort returned")  # it raises; for the type checker
+
+
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, manager: DeviceManager, board: HealthBoard, stop: threading.Event) -> None:
+    """Maps the manager's answers to gRPC; an unexpected exception is logged and answered INTERNAL with a
+    trimmed message (the fuzz tests assert it never happens)."""
+
+    def __init__(
+        self, manager: DeviceManager, board: HealthBoard, stop: threading.Event, *, max_watchers: int = MAX_WATCHERS
+    ) -> None:
         self.manager = manager
         self.board = board
         self.stop = stop
+        self.max_watchers = max_watchers
+        self._watchers = threading.BoundedSemaphore(max_watchers)
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         """Send the device list now and again on every health change, until the stream or server ends."""
-        last: list[pb.Device] | None = None
-        seen = self.board.version
-        while not self.stop.is_set() and context.is_active():
-            devices = [device_pb(r) for r in self.manager.devices()]
-            if devices != last:
-                last = devices
-                yield pb.ListAndWatchResponse(devices=devices)
-            seen = self.board.wait_change(seen, timeout=1.0)
+        if not self._watchers.acquire(blocking=False):
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {self.max_watchers} ListAndWatch streams")
+        try:
+            last: list[pb.Device] | None = None
+            seen = self.board.version
+            while not self.stop.is_set() and context.is_active():
+                devices = [device_pb(r) for r in self.manager.devices()]
+                if devices != last:
+                    last = devices
+                    yield pb.ListAndWatchResponse(devices=devices)
+                seen = self.board.wait_change(seen, timeout=1.0)
+        finally:
+            self._watchers.release()
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        return pb.PreferredAllocationResponse(
-            container_responses=[
-                pb.ContainerPreferredAllocationResponse(
-                    deviceIDs=self.manager.preferred(
-                        list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+        try:
+            return pb.PreferredAllocationResponse(
+                container_responses=[
+                    pb.ContainerPreferredAllocationResponse(
+                        deviceIDs=self.manager.preferred(
+                            list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+                        )
                     )
-                )
-                for r in request.container_requests
-            ]
-        )
+                    for r in request.container_requests
+                ]
+            )
+        except Exception as exc:
+            log.exception("GetPreferredAllocation")
+            _abort(context, grpc.StatusCode.INTERNAL, f"vGPU GetPreferredAllocation failed: {exc!r}")
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         try:
             slices = self.manager.allocate([list(r.devices_ids) for r in request.container_requests])
         except AllocationError as exc:
-            log.warning("%s", exc)
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            log.warning("%s", trimmed(str(exc)))
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except Exception as exc:
+            log.exception("Allocate")
+            _abort(context, grpc.StatusCode.INTERNAL, f"vGPU Allocate failed: {exc!r}")
         return pb.AllocateResponse(container_responses=[response_pb(s) for s in slices])
 
     def PreStartContainer(
@@ -115,13 +179,19 @@ class PluginServer:
     """Serves DevicePlugin on its socket, then registers with the kubelet; restarts both on kubelet restart."""
 
     def __init__(
-        self, manager: DeviceManager, board: HealthBoard, paths: SocketPaths, *, resource: str, workers: int = 8
+        self,
+        manager: DeviceManager,
+        board: HealthBoard,
+        paths: SocketPaths,
+        *,
+        resource: str,
+        limits: GrpcLimits = GrpcLimits(),
     ) -> None:
         self.manager = manager
         self.board = board
         self.paths = paths
         self.resource = resource
-        self.workers = workers
+        self.limits = limits
         self._server: grpc.Server | None = None
         self._serving_stop = threading.Event()
         self._kubelet_inode: int | None = None
@@ -133,7 +203,11 @@ class PluginServer:
         if os.path.exists(self.paths.plugin):
             os.unlink(self.paths.plugin)
         self._serving_stop = threading.Event()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dp-grpc"))
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="dp-grpc"),
+            options=self.limits.options(),
+            maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs,
+        )
         pb_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(self.manager, self.board, self._serving_stop), server
         )

@@ -61,6 +61,8 @@ def test_bad_files_are_rejected(tmp_path: Path, doc: str, err: str) -> None:
         ([], {"VGPU_DP_SPLITCOUNT": "2"}, "unknown environment variables VGPU_DP_SPLITCOUNT"),
         (["--enforcement-steps", "evict,event"], {}, "(flag --enforcement-steps)"),
         (["--epp-port", "9400"], {}, "dcgm-exporter's 9400"),
+        (["--grpc-workers", "1"], {}, "grpc_workers must be 2..256, got 1 (flag --grpc-workers)"),
+        ([], {"VGPU_DP_HTTP_TIMEOUT_S": "0"}, "http_timeout_s must be 0.5..300, got 0.0 (env VGPU_DP_HTTP_TIMEOUT_S)"),
     ],
 )
 def test_bad_values_name_setting_value_and_source(argv: list[str], env: dict[str, str], err: str) -> None:
@@ -108,6 +110,13 @@ class Rig:
         assert p.watchdog is not None
         p._start_telemetry(p.watchdog)
         return [(str(s.server.server_address[0]), s.port) for s in p.metrics_servers]
+
+    def exporter(self, c: PluginConfig) -> Any:
+        """The metrics exporter's HTTP server, started on a free port."""
+        p = self.plugin(c.model_copy(update={"metrics_port": _free_port()}))
+        assert p.watchdog is not None
+        p._start_telemetry(p.watchdog)
+        return p.metrics_servers[0].server
 
     def logging_after_main(self, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
         """main() configures logging right after loading; with no device-plugins folder it then exits 2."""
@@ -176,6 +185,12 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
     "xid_recovery_s": ("33", {}, lambda r, c, m: r.plugin(c).monitor.recovery_s, 33.0),
     "allocate_retry_s": ("4.5", {}, lambda r, c, m: r.plugin(c).manager.retry_s, 4.5),
     "reconcile_s": ("12", {}, lambda r, c, m: r.plugin(c).config.reconcile_s, 12.0),
+    "grpc_workers": ("5", {}, lambda r, c, m: r.plugin(c).server.limits.workers, 5),
+    "grpc_keepalive_s": ("30", {}, lambda r, c, m: r.plugin(c).server.limits.keepalive_s, 30.0),
+    "grpc_max_idle_s": ("600", {}, lambda r, c, m: r.plugin(c).server.limits.max_idle_s, 600.0),
+    "grpc_max_message_bytes": ("2097152", {}, lambda r, c, m: r.plugin(c).server.limits.max_message_bytes, 2 << 20),
+    "http_timeout_s": ("3.5", {}, lambda r, c, m: r.exporter(c).timeout_s, 3.5),
+    "http_max_connections": ("7", {}, lambda r, c, m: r.exporter(c).max_connections, 7),
     "watchdog": ("false", {}, lambda r, c, m: r.watchdog(c), None),
     "watchdog_interval_s": ("0.5", {}, lambda r, c, m: r.watchdog(c).interval_s, 0.5),
     "enforcement_steps": (
