@@ -97,15 +97,21 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.board = board
         self.stop = stop
         self.max_watchers = max_watchers
-        self._watchers = threading.BoundedSemaphore(max_watchers)
+        self.watching = 0  # ListAndWatch streams open now
+        self._count = threading.Lock()
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         """Send the device list now and again on every health change, until the stream or server ends."""
-        if not self._watchers.acquire(blocking=False):
+        with self._count:
+            full = self.watching >= self.max_watchers
+            if not full:
+                self.watching += 1
+        if full:
             _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {self.max_watchers} ListAndWatch streams")
+        context.add_callback(self.board.poke)  # a cancelled stream wakes its wait at once and ends
         try:
             last: list[pb.Device] | None = None
             seen = self.board.version
@@ -116,7 +122,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     yield pb.ListAndWatchResponse(devices=devices)
                 seen = self.board.wait_change(seen, timeout=1.0)
         finally:
-            self._watchers.release()
+            with self._count:
+                self.watching -= 1
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -193,6 +200,7 @@ class PluginServer:
         self.resource = resource
         self.limits = limits
         self._server: grpc.Server | None = None
+        self.servicer: DevicePluginServicer | None = None
         self._serving_stop = threading.Event()
         self._kubelet_inode: int | None = None
         self._stop = threading.Event()
@@ -208,9 +216,8 @@ class PluginServer:
             options=self.limits.options(),
             maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs,
         )
-        pb_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(self.manager, self.board, self._serving_stop), server
-        )
+        self.servicer = DevicePluginServicer(self.manager, self.board, self._serving_stop)
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         server.add_insecure_port(f"unix://{self.paths.plugin}")
         server.start()
         self._server = server

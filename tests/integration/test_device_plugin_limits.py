@@ -1,0 +1,147 @@
+"""Limits on the plugin's sockets: a refusal too long for a gRPC trailer arrives trimmed (not
+RESOURCE_EXHAUSTED), the gRPC server refuses oversized requests, and the HTTP exporters close idle, trickling
+and surplus connections while still answering scrapes."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
+from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from device_plugin.health import HealthBoard
+from device_plugin.manager import DeviceManager
+from device_plugin.pods import PodRecord
+from device_plugin.server import GrpcLimits, PluginServer, SocketPaths
+from device_plugin.status_text import MAX_STATUS_BYTES, encoded_len
+from device_plugin.telemetry.serve import serve
+from device_plugin.testing.pods import MemoryPods
+from device_plugin.testing.workload import pod_uid
+from vgpu import annotations as ann
+from vgpu.devices import GpuDevice
+
+NODE = "n1"
+GPU = GpuDevice("GPU-00000000-1111-2222-3333-444444444444", 0, "H100", 81920)
+
+
+@pytest.fixture
+def stub() -> Iterator[pb_grpc.DevicePluginStub]:
+    d = tempfile.mkdtemp(prefix="dpl")
+    pods = MemoryPods()
+    for i in range(200):  # 200 pods waiting, none known to a kubelet: "ambiguous" lists them all (~15 KB)
+        a = ann.Assignment(NODE, (ann.ContainerAssignment("main", (ann.DeviceSlice(GPU.uuid, 0, 1024, 0),)),))
+        pods.add(
+            PodRecord("team", f"pod-{i:03d}", pod_uid(3, i), NODE, bind_phase=ann.BindPhase.ALLOCATING, assignment=a)
+        )
+    board = HealthBoard([GPU.uuid])
+    manager = DeviceManager(
+        node=NODE, resource="nvidia.com/gpu", gpus=(GPU,), board=board, pods=pods, kubelet=None, retry_s=0.0
+    )
+    server = PluginServer(
+        manager, board, SocketPaths(d), resource="nvidia.com/gpu", limits=GrpcLimits(max_message_bytes=64 << 10)
+    )
+    server.serve()
+    with grpc.insecure_channel(f"unix://{server.paths.plugin}") as channel:
+        yield pb_grpc.DevicePluginStub(channel)
+    server.stop_serving()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_refusal_over_the_trailer_limit_arrives_trimmed(stub: pb_grpc.DevicePluginStub) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[f"{GPU.uuid}::0"])]),
+            timeout=5,
+        )
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # not RESOURCE_EXHAUSTED
+    details = str(info.value.details())
+    assert details.startswith("vGPU Allocate refused: ambiguous: 200 pods may be in admission: team/pod-")
+    assert encoded_len(details) <= MAX_STATUS_BYTES and details.endswith(" more bytes)")
+
+
+def test_an_oversized_request_is_refused_before_parsing(stub: pb_grpc.DevicePluginStub) -> None:
+    ids = [f"{GPU.uuid}::{i}" for i in range(2000)]  # ~100 KB > the 64 KiB limit set above
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids)]
+            ),
+            timeout=5,
+        )
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stub.GetDevicePluginOptions(pb.Empty(), timeout=5).get_preferred_allocation_available
+
+
+def _registry() -> CollectorRegistry:
+    r = CollectorRegistry()
+    Counter("vgpu_probe", "a metric to scrape", registry=r).inc()
+    return r
+
+
+def _closed_within(s: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed `s` (recv -> b"" or reset), None if still open after `seconds`."""
+    t0 = time.monotonic()
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+    except TimeoutError:
+        return None
+    except OSError:
+        pass
+    return time.monotonic() - t0
+
+
+def test_exporter_closes_idle_trickling_and_surplus_connections() -> None:
+    srv = serve(_registry(), host="127.0.0.1", port=0, timeout_s=0.5, max_connections=4)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
+        trickle = socket.create_connection(("127.0.0.1", srv.port))
+        time.sleep(0.1)
+        surplus = socket.create_connection(("127.0.0.1", srv.port))
+        assert _closed_within(surplus, 0.3) is not None, "a fifth connection was accepted over the cap of 4"
+        t0 = time.monotonic()
+        for ch in b"GET /metr":  # a byte every 0.1 s never ends the request; the 0.5 s deadline does
+            try:
+                trickle.send(bytes([ch]))
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert _closed_within(trickle, 1.0) is not None and time.monotonic() - t0 < 1.5
+        for s in idle:
+            assert _closed_within(s, 1.0) is not None
+            s.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=2) as resp:
+            assert b"vgpu_probe_total 1.0" in resp.read()
+        assert srv.server.refused >= 1 and srv.server.expired >= 4  # type: ignore[attr-defined]
+    finally:
+        srv.close()
+
+
+def test_exporter_answers_scrapes_while_slow_clients_hold_connections() -> None:
+    srv = serve(_registry(), host="127.0.0.1", port=0, timeout_s=2.0, max_connections=64)
+    try:
+        slow = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(40)]
+        with futures.ThreadPoolExecutor(4) as pool:
+            took = list(pool.map(lambda _: _scrape(srv.port), range(20)))
+        assert max(took) < 0.5, took
+        for s in slow:
+            s.close()
+    finally:
+        srv.close()
+
+
+def _scrape(port: int) -> float:
+    t0 = time.monotonic()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        resp.read()
+    return time.monotonic() - t0
