@@ -35,6 +35,7 @@ from webhook.inventory import NodeAnnotationInventory
 from webhook.main import build_server
 
 from .controlplane import ControlPlane
+from .vgpu_stack import inventory
 
 pytestmark = pytest.mark.e2e
 
@@ -261,6 +262,10 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         inventory.stop()
         inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: "gone"}}}
         _wait("removing the policy", lambda: _refusal(lambda: admin.patch_node(node_a, inv, dry_run="All")) == "")
+        for pod in (pod_a, pod_b):
+            admin.delete_namespaced_pod(pod.metadata.name, "kube-system", grace_period_seconds=0)
+        for node in (node_a, node_b):  # the webhook inventories of later tests must not see them
+            admin.delete_node(node)
 
 
 # ---- the tenant: every forgery is refused with a message naming the key, the writer it belongs to and why
@@ -459,9 +464,10 @@ def test_the_plugin_of_another_node_is_denied(cluster: Cluster) -> None:
 
 def test_the_node_plugin_writes_its_own_inventory_only(cluster: Cluster) -> None:
     c = cluster
-    inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: "v1-inventory", ann.NODE_INVENTORY_TIME: "now"}}}
+    real = inventory(c.node_a, 1)  # a valid one: other tests' webhooks read every node's inventory
+    inv = {"metadata": {"annotations": {ann.NODE_INVENTORY: real, ann.NODE_INVENTORY_TIME: "now"}}}
     c.plugin_a.patch_node(c.node_a, inv)
-    assert c.admin.read_node(c.node_a).metadata.annotations[ann.NODE_INVENTORY] == "v1-inventory"
+    assert c.admin.read_node(c.node_a).metadata.annotations[ann.NODE_INVENTORY] == real
     forged = {"metadata": {"annotations": {ann.NODE_INVENTORY: "forged", ann.NODE_INVENTORY_TIME: "later"}}}
     msg = _denied(lambda: c.plugin_b.patch_node(c.node_a, forged))
     assert f'vgpu.io/node-inventory, vgpu.io/node-inventory-time of node "{c.node_a}" may only be written' in msg
