@@ -128,15 +128,17 @@ def test_exporter_closes_idle_trickling_and_surplus_connections() -> None:
 
 
 def test_exporter_answers_scrapes_while_slow_clients_hold_connections() -> None:
-    srv = serve(_registry(), host="127.0.0.1", port=0, timeout_s=2.0, max_connections=64)
+    """40 clients that connect and say nothing: scrapes are answered without waiting for them to expire
+    (5 s here; the bound leaves room for a loaded 2-CPU CI machine)."""
+    srv = serve(_registry(), host="127.0.0.1", port=0, timeout_s=5.0, max_connections=64)
+    slow = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(40)]
     try:
-        slow = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(40)]
         with futures.ThreadPoolExecutor(4) as pool:
             took = list(pool.map(lambda _: _scrape(srv.port), range(20)))
-        assert max(took) < 0.5, took
+        assert max(took) < 2.0, took
+    finally:
         for s in slow:
             s.close()
-    finally:
         srv.close()
 
 
