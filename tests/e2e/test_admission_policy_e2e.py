@@ -462,6 +462,57 @@ def test_the_plugin_of_another_node_is_denied(cluster: Cluster) -> None:
     assert "vgpu.io/bind-time may only be written by the scheduler extender" in msg
 
 
+def test_the_extenders_own_kube_calls_pass(cluster: Cluster) -> None:
+    """scheduler_extender/kube.py itself, with the extender's token: assignment, binding, requeue, release, and the
+    leader label on its own pod (kube-system) -- every write the extender makes."""
+    from scheduler_extender import kube as ext_kube
+
+    c = cluster
+    pod = c.tenant_pod("real-extender")
+    binder = ext_kube.KubeBinder(c.extender)
+    assignment = ann.decode_assignment(_assignment(c.node_a))
+    binder.write_assignment(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, assignment=assignment)
+    binder.bind(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, node=c.node_a)
+    ext_kube.nudge_pod(c.extender, c.ns, "real-extender", pod.metadata.uid)
+    binder.mark_failed(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, reason="test")
+    got = c.admin.read_namespaced_pod("real-extender", c.ns)
+    assert got.spec.node_name == c.node_a and got.metadata.annotations[ann.POD_BIND_PHASE] == "failed"
+    own = f"vgpu-extender-{c.ns}"
+    c.admin.create_namespaced_pod(
+        "kube-system", {"metadata": {"name": own}, "spec": {"containers": [{"name": "e", "image": "kube-vgpu"}]}}
+    )
+    try:
+        ext_kube.mark_leader(c.extender, namespace="kube-system", name=own, leading=True)
+        assert ext_kube.clear_other_leader_labels(c.extender, namespace="kube-system", own="nobody") == [own]
+    finally:
+        c.admin.delete_namespaced_pod(own, "kube-system", grace_period_seconds=0)
+
+
+def test_the_device_plugins_own_kube_calls_pass_on_its_node_only(cluster: Cluster) -> None:
+    """device_plugin/kube.py itself, with each plugin's token: its node's pods, bind-phase, violation, inventory,
+    events and evictions pass for its own node; the other node's plugin is refused."""
+    from device_plugin.kube import KubePodSource
+
+    c = cluster
+    c.bound_pod("real-plugin", c.node_a)
+    c.bound_pod("real-evicted", c.node_a)
+    a, b = KubePodSource(c.plugin_a), KubePodSource(c.plugin_b)
+    assert {"real-plugin", "real-evicted"} <= {p.name for p in a.list_node_pods(node=c.node_a)}
+    a.patch_pod_annotations(namespace=c.ns, name="real-plugin", annotations={ann.POD_BIND_PHASE: "allocated"})
+    a.patch_pod_annotations(namespace=c.ns, name="real-plugin", annotations={"vgpu.io/violation": "{}"})
+    a.patch_node_annotations(node=c.node_a, annotations={ann.NODE_INVENTORY: inventory(c.node_a, 2)})
+    uid = c.admin.read_namespaced_pod("real-plugin", c.ns).metadata.uid
+    a.create_pod_event(namespace=c.ns, pod="real-plugin", uid=uid, reason="VgpuTest", message="from the plugin")
+    assert a.evict_pod(namespace=c.ns, name="real-evicted")
+    assert c.admin.read_namespaced_pod("real-plugin", c.ns).metadata.annotations[ann.POD_BIND_PHASE] == "allocated"
+    with pytest.raises(client.ApiException) as info:
+        b.patch_pod_annotations(namespace=c.ns, name="real-plugin", annotations={"vgpu.io/violation": "{}"})
+    assert info.value.status == 403
+    with pytest.raises(client.ApiException) as info:
+        b.patch_node_annotations(node=c.node_a, annotations={ann.NODE_INVENTORY: inventory(c.node_a, 8)})
+    assert info.value.status == 403
+
+
 def test_the_node_plugin_writes_its_own_inventory_only(cluster: Cluster) -> None:
     c = cluster
     real = inventory(c.node_a, 1)  # a valid one: other tests' webhooks read every node's inventory
