@@ -144,3 +144,33 @@ def test_extender_rbac_allows_nothing_more() -> None:
         ("pods", "patch"),
         ("pods/binding", "create"),
     }
+
+
+WORKLOAD_FILES = (
+    "deploy/manifests/extender.yaml",
+    "deploy/webhook/deployment.yaml",
+    "deploy/webhook/cert-job.yaml",
+    "deploy/device-plugin/daemonset.yaml",
+)
+
+
+def _workloads() -> list[tuple[str, dict[str, Any]]]:
+    kinds = {"Deployment", "DaemonSet", "Job"}
+    return [(d["metadata"]["name"], d) for f in WORKLOAD_FILES for d in _docs(ROOT / f) if d["kind"] in kinds]
+
+
+@pytest.mark.parametrize(("name", "doc"), _workloads(), ids=[n for n, _ in _workloads()])
+def test_pod_security_of_every_shipped_workload(name: str, doc: dict[str, Any]) -> None:
+    """docs/security.md, 'Pod security': non-root, read-only root, no capabilities, RuntimeDefault seccomp; the device
+    plugin alone is privileged, and then root explicitly (the image's USER 10001 would leave it no capabilities)."""
+    spec = doc["spec"]["template"]["spec"]
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        if name == "vgpu-device-plugin":
+            assert sc["privileged"] is True and sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+            continue
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] != 0, name
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, name
+        assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), name
