@@ -91,6 +91,7 @@ class Cluster:
     extender: client.CoreV1Api
     plugin_a: client.CoreV1Api
     plugin_b: client.CoreV1Api
+    scheduler: client.CoordinationV1Api
     node_a: str
     node_b: str
     ns: str
@@ -232,6 +233,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         extender=_core(cp, token=_token(admin, "vgpu-extender")),
         plugin_a=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_a)),
         plugin_b=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_b)),
+        scheduler=client.CoordinationV1Api(_core(cp, token=_token(admin, "vgpu-scheduler")).api_client),
         node_a=node_a,
         node_b=node_b,
         ns=ns,
@@ -531,3 +533,30 @@ def test_the_node_plugin_writes_its_own_inventory_only(cluster: Cluster) -> None
     assert "this update also changes [other]" in msg
     taint = {"spec": {"unschedulable": True}}
     _denied(lambda: c.plugin_a.patch_node(c.node_a, taint))
+
+
+def _lease(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "kube-system"}, "spec": {"holderIdentity": "x"}}
+
+
+def test_the_second_scheduler_writes_its_own_lease_only(cluster: Cluster) -> None:
+    """system:kube-scheduler (which vgpu-scheduler is bound to) allows updating the default scheduler's Lease; the
+    policy vgpu-scheduler-lease takes that back."""
+    c = cluster
+    admin = client.CoordinationV1Api(c.admin.api_client)
+    for name in ("kube-scheduler", "vgpu-scheduler"):
+        try:
+            admin.create_namespaced_lease("kube-system", _lease(name))
+        except client.ApiException as exc:
+            if exc.status != 409:  # a kube-scheduler of an earlier test may hold it already
+                raise
+    own = c.scheduler.read_namespaced_lease("vgpu-scheduler", "kube-system")
+    c.scheduler.replace_namespaced_lease("vgpu-scheduler", "kube-system", own)
+    theirs = c.scheduler.read_namespaced_lease("kube-scheduler", "kube-system")  # RBAC allows it ...
+    msg = _denied(lambda: c.scheduler.replace_namespaced_lease("kube-scheduler", "kube-system", theirs))  # ... not this
+    assert "ValidatingAdmissionPolicy 'vgpu-scheduler-lease'" in msg
+    assert (
+        "system:serviceaccount:kube-system:vgpu-scheduler may only write its own Lease kube-system/vgpu-scheduler, "
+        "not leases kube-system/kube-scheduler"
+    ) in msg
+    _denied(lambda: c.scheduler.create_namespaced_lease("kube-system", _lease(f"other-{c.ns}")))
