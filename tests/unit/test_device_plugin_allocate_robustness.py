@@ -145,7 +145,7 @@ def test_not_yet_visible_gives_up_after_retry_s_with_the_reason() -> None:
 
 def test_a_waiting_request_does_not_hold_up_other_pods() -> None:
     """Ten requests nobody is waiting for (each re-read for 2 s) and then a valid one: served in ms, not after
-    the others' waits (the 20.9 s of issue 16)."""
+    the others' waits (20.9 s before the fail-fast change)."""
     pods = CountingPods(delay_s=0.01)
     valid = pod("valid", ("c0", [3]), i=1)
     m = manager(pods, retry_s=2.0)
