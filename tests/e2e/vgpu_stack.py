@@ -91,20 +91,24 @@ class Extender:
 
     It runs as shipped: mutual TLS with its own client CA (`client_ca`, not the cluster's, so no other cluster
     identity can call it), whose certificate `client_cert` is what kube-scheduler presents (scheduler_config);
-    `get` presents it too. /state is on (--enable-state) for the tests' comparisons, behind the same mTLS."""
+    `get` presents it too. /state is on (--enable-state) for the tests' comparisons, behind the same mTLS.
+    /healthz, /readyz and /metrics are on the plain `--health-port` (`health_url`), where kubelet probes go.
+    Every file it writes is named after `name`, so replicas never overwrite each other's certificates."""
 
     def __init__(self, cp: ControlPlane, *, name: str = "vgpu-extender", args: tuple[str, ...] = ()) -> None:
         self.cp = cp
         self.name = name
         self.args = args
         extender_rbac(cp)
-        self.kubeconfig = cp.write_kubeconfig("vgpu-extender")
-        self.cert, self.key = cp.issue_server_cert("vgpu-extender")
-        self.client_ca = CertificateAuthority("vgpu-extender-client-ca")
-        self.client_ca_file, _ = self.client_ca.keypair.write(cp.pki_dir, "vgpu-extender-client-ca")
-        self.client_cert = self.client_ca.issue_client_cert("vgpu-scheduler").write(cp.pki_dir, "vgpu-extender-client")
+        self.kubeconfig = cp.write_kubeconfig("vgpu-extender", name=name)
+        self.cert, self.key = cp.issue_server_cert(name)
+        self.client_ca = CertificateAuthority(f"{name}-client-ca")
+        self.client_ca_file, _ = self.client_ca.keypair.write(cp.pki_dir, f"{name}-client-ca")
+        self.client_cert = self.client_ca.issue_client_cert("vgpu-scheduler").write(cp.pki_dir, f"{name}-client")
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        self.health_port = free_port()
+        self.health_url = f"http://127.0.0.1:{self.health_port}"
         self.ctx = ssl.create_default_context(cadata=cp.ca.cert_pem.decode())
         self.ctx.load_cert_chain(*self.client_cert)
         self.proc: ManagedProcess | None = None
@@ -130,6 +134,8 @@ class Extender:
             str(self.key),
             "--client-ca-file",
             str(self.client_ca_file),
+            "--health-port",
+            str(self.health_port),
             "--enable-state",
             f"--bind-grace-seconds={BIND_GRACE_S}",
             "--log-format",
@@ -140,7 +146,7 @@ class Extender:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if self.get("/readyz", raw=True) == b"ok":
+                if self.probe("/readyz") == b"ok":
                     return
             except OSError:
                 pass
@@ -162,6 +168,12 @@ class Extender:
         )
         with urllib.request.urlopen(req, context=ctx or self.ctx, timeout=5) as r:
             return json.loads(r.read())
+
+    def probe(self, path: str) -> bytes:
+        """GET on the plain health port, as a kubelet probe or Prometheus does (no client certificate)."""
+        with urllib.request.urlopen(self.health_url + path, timeout=5) as r:
+            body: bytes = r.read()
+        return body
 
     def get(self, path: str, *, raw: bool = False) -> Any:
         with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
