@@ -5,7 +5,11 @@
 - with the defaults the chart renders exactly the objects of the plain manifests under deploy/ and, object by
   object, the same spec (names, images, args, probes, security contexts, RBAC rules, ports, volumes ...), so the
   two cannot drift apart; the configs it renders load through the programs' own loaders with the same result;
-- values reach the objects (resource names, extender flags, TLS modes) and bad values fail with the schema's message.
+- values reach the objects (resource names, extender flags, TLS modes) and bad values fail with the schema's message;
+- the extender's mutual-TLS certificates in each extender.tls.mode: generated ones verify (serving certificate for
+  the Service's names, client certificate from the CA the extender trusts), cert-manager's objects, your own Secrets,
+  and kube-scheduler's tlsConfig names the files the mounted Secrets hold;
+- every env variable and argument the chart gives our containers loads through that service's own settings loader.
 """
 
 from __future__ import annotations
@@ -43,7 +47,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "webhook-own-secret": {"webhook.tls.mode": "secret", "webhook.tls.caBundle": "Q0EgUEVN"},
     "monitoring-without-components": {**ALL_OFF, **EVERYTHING},
     "extender-ha": {"extender.replicas": 3},
+    "extender-cert-manager": {"extender.tls.mode": "certManager"},
+    "extender-cert-manager-own-issuer": {
+        "extender.tls.mode": "certManager",
+        "extender.tls.certManager.issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
+    },
+    "extender-own-secrets": {"extender.tls.mode": "secret", "scheduler.extenderCAData": "Q0E="},
 }
+# What the chart adds to the manifests by default: the extender's certificates (extender.tls.mode generate); the
+# manifests leave them to the admin (deploy/manifests/extender.yaml's header).
+GENERATED = {("Secret", "vgpu-extender-tls"), ("Secret", "vgpu-extender-client")}
 
 
 def _docs(*paths: str) -> list[dict[str, Any]]:
@@ -168,15 +181,17 @@ def test_all_components_off_renders_nothing(helm: str) -> None:
 
 
 def test_defaults_render_exactly_the_manifests_objects(helm: str) -> None:
-    assert set(by_key(template(helm))) == set(all_manifests())
+    assert set(by_key(template(helm))) == set(all_manifests()) | GENERATED
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_each_component_switches_its_own_objects(helm: str, component: str) -> None:
+    # The generated certificates follow the extender, which trusts them.
+    generated = GENERATED if component == "extender" else set()
     only = set(by_key(template(helm, {**ALL_OFF, f"{component}.enabled": True})))
-    assert only == set(manifests(component))
+    assert only == set(manifests(component)) | generated
     without = set(by_key(template(helm, {f"{component}.enabled": False})))
-    assert without == set(all_manifests()) - set(manifests(component))
+    assert without == (set(all_manifests()) | GENERATED) - set(manifests(component)) - generated
 
 
 def assert_same_object(ours: dict[str, Any], manifest: dict[str, Any]) -> None:
@@ -345,10 +360,14 @@ def test_resource_names_reach_every_component(helm: str, tmp_path: Path) -> None
         (hook,) = chart[(kind, "vgpu-webhook")]["webhooks"]
         expr = hook["matchConditions"][0]["expression"]
         assert all(f"'{n}'" in expr for n in names.values()) and "nvidia.com" not in expr
-    # the device plugin advertises the count resource
+    # the device plugin advertises the count resource and checks assignments against the same request names
     path = tmp_path / "device-plugin.yaml"
     path.write_text(chart[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"])
-    assert load_plugin(["--config", str(path), "--node-name", "gpu-1"], {}).resource_name == names["count"]
+    plugin = load_plugin(["--config", str(path), "--node-name", "gpu-1"], {}).resource_names()
+    assert (plugin.count, plugin.memory, plugin.memory_percentage, plugin.cores, plugin.priority) == tuple(
+        names.values()
+    )
+    assert plugin == rn
 
 
 def _policy_variables(chart: dict[tuple[str, str], dict[str, Any]], name: str) -> dict[str, str]:
@@ -459,6 +478,19 @@ def test_config_changes_roll_the_pods(helm: str) -> None:
         ({"devicePlugin.config.split_count": 0}, "at '/devicePlugin/config/split_count': minimum: got 0, want 1"),
         ({"devicePlugin.config.enforcement_steps": "kill"}, "at '/devicePlugin/config/enforcement_steps'"),
         ({"devicePlugin.config.resource_name": "x"}, "additional properties 'resource_name' not allowed"),
+        ({"devicePlugin.config.resource_cores": "x"}, "additional properties 'resource_cores' not allowed"),
+        ({"devicePlugin.config.grpc_workers": 1}, "at '/devicePlugin/config/grpc_workers': minimum: got 1, want 2"),
+        ({"devicePlugin.config.http_timeout_s": 301}, "at '/devicePlugin/config/http_timeout_s': maximum"),
+        ({"devicePlugin.config.grpc_max_message_bytes": 1024}, "at '/devicePlugin/config/grpc_max_message_bytes'"),
+        (
+            {"extender.tls.mode": "job"},
+            "at '/extender/tls/mode': value must be one of 'certManager', 'generate', 'secret'",
+        ),
+        ({"extender.tls.generate.validityDays": 0}, "at '/extender/tls/generate/validityDays': minimum: got 0, want 2"),
+        ({"extender.tls.certManager.duration": "1 year"}, "at '/extender/tls/certManager/duration'"),
+        ({"extender.tls.certManager.issuerRef": {"kind": "Issuer"}}, "at '/extender/tls/certManager/issuerRef'"),
+        ({"extender.tls.clientSecretName": "Bad_Name"}, "at '/extender/tls/clientSecretName'"),
+        ({"scheduler.extenderCAData": "-----BEGIN"}, "at '/scheduler/extenderCAData'"),
         ({"resourceNames.memory": "not a name"}, "at '/resourceNames/memory'"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
@@ -505,3 +537,297 @@ def test_schema_enum_lists_every_policy_helm_accepts(helm: str) -> None:
     for name in registry.production_names():
         dep = by_key(template(helm, {"extender.nodePolicy": name}))[("Deployment", "vgpu-extender")]
         assert _extender_settings(dep).node_policy == name
+
+
+def test_renewal_window_longer_than_the_validity_fails_with_a_clear_message(helm: str) -> None:
+    err = template_error(helm, {"extender.tls.generate.validityDays": 30})
+    assert "extender.tls.generate needs renewBeforeDays < validityDays" in err and "got 30 >= 30" in err, err
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the extender's mutual-TLS certificates (extender.tls.mode)
+
+CLIENT_MOUNT = "/etc/vgpu-scheduler/extender-client"
+NOT_AFTER = "kube-vgpu/certificates-not-after"
+
+
+def _scheduler_tls(chart: dict[tuple[str, str], dict[str, Any]]) -> dict[str, str]:
+    cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
+    tls: dict[str, str] = cfg["extenders"][0]["tlsConfig"]
+    return tls
+
+
+def _mounted_secret(dep: dict[str, Any], mount_path: str) -> str:
+    """The Secret whose volume the Deployment's container mounts at mount_path."""
+    spec = dep["spec"]["template"]["spec"]
+    (volume,) = [m["name"] for m in _container(dep)["volumeMounts"] if m["mountPath"] == mount_path]
+    name: str = next(v for v in spec["volumes"] if v["name"] == volume)["secret"]["secretName"]
+    return name
+
+
+def assert_both_sides_read_the_right_files(chart: dict[tuple[str, str], dict[str, Any]], client_secret: str) -> None:
+    """kube-scheduler trusts ca.crt and presents tls.crt/tls.key of the client Secret; the extender serves tls.crt
+    of its Secret and accepts clients of its ca.crt."""
+    tls = _scheduler_tls(chart)
+    assert tls == {
+        "caFile": f"{CLIENT_MOUNT}/ca.crt",
+        "certFile": f"{CLIENT_MOUNT}/tls.crt",
+        "keyFile": f"{CLIENT_MOUNT}/tls.key",
+    }
+    assert _mounted_secret(chart[("Deployment", "vgpu-scheduler")], CLIENT_MOUNT) == client_secret
+    s = _extender_settings(chart[("Deployment", "vgpu-extender")])
+    mount = "/etc/vgpu-extender/tls"
+    assert (str(s.tls_cert_file), str(s.tls_key_file), str(s.client_ca_file)) == tuple(
+        f"{mount}/{k}" for k in ("tls.crt", "tls.key", "ca.crt")
+    )
+
+
+def _pem(secret: dict[str, Any], key: str) -> bytes:
+    import base64
+
+    return base64.b64decode(secret["data"][key])
+
+
+def assert_generated_certificates_work(chart: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    """Load the two generated Secrets with `cryptography` and check what each side relies on."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    server, client = chart[("Secret", "vgpu-extender-tls")], chart[("Secret", "vgpu-extender-client")]
+    for secret in (server, client):
+        assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+        assert secret["metadata"]["namespace"] == NAMESPACE
+    ca = x509.load_pem_x509_certificate(_pem(server, "ca.crt"))
+    assert _pem(client, "ca.crt") == _pem(server, "ca.crt")  # one CA, trusted by both sides
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    serving = x509.load_pem_x509_certificate(_pem(server, "tls.crt"))
+    presented = x509.load_pem_x509_certificate(_pem(client, "tls.crt"))
+    # kube-scheduler's check of the extender: issued by the CA in its caFile, for the name it calls
+    serving.verify_directly_issued_by(ca)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(sans.get_values_for_type(x509.DNSName)) == {
+        "vgpu-extender",
+        f"vgpu-extender.{NAMESPACE}",
+        f"vgpu-extender.{NAMESPACE}.svc",
+        f"vgpu-extender.{NAMESPACE}.svc.cluster.local",
+    }
+    assert ExtendedKeyUsageOID.SERVER_AUTH in serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    # the extender's check of kube-scheduler: issued by the CA in its --client-ca-file, usable as a client
+    presented.verify_directly_issued_by(x509.load_pem_x509_certificate(_pem(server, "ca.crt")))
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in presented.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    # each key is its certificate's
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    for cert, secret in ((serving, server), (presented, client)):
+        assert load_pem_private_key(_pem(secret, "tls.key"), None).public_key() == cert.public_key()
+    # valid now, for validityDays, and the annotation an upgrade reads says when (never later than the truth)
+    now = datetime.datetime.now(datetime.UTC)
+    recorded = datetime.datetime.fromisoformat(server["metadata"]["annotations"][NOT_AFTER])
+    assert client["metadata"]["annotations"][NOT_AFTER] == server["metadata"]["annotations"][NOT_AFTER]
+    for cert in (ca, serving, presented):
+        assert cert.not_valid_before_utc <= now < cert.not_valid_after_utc
+        assert datetime.timedelta(0) <= cert.not_valid_after_utc - recorded < datetime.timedelta(minutes=1)
+    return {"ca": ca, "serving": serving, "presented": presented, "recorded": recorded}
+
+
+def test_generated_certificates_verify_and_both_sides_read_them(helm: str) -> None:
+    import datetime
+
+    chart = by_key(template(helm))
+    certs = assert_generated_certificates_work(chart)
+    lifetime = certs["serving"].not_valid_after_utc - certs["serving"].not_valid_before_utc
+    assert abs(lifetime - datetime.timedelta(days=365)) < datetime.timedelta(minutes=1)  # generate.validityDays
+    assert_both_sides_read_the_right_files(chart, "vgpu-extender-client")
+    assert _mounted_secret(chart[("Deployment", "vgpu-extender")], "/etc/vgpu-extender/tls") == "vgpu-extender-tls"
+    # Both Deployments roll when (and only when) the certificates change: one checksum of the same certificates.
+    sums = {
+        chart[("Deployment", n)]["spec"]["template"]["metadata"]["annotations"]["checksum/extender-tls"]
+        for n in ("vgpu-extender", "vgpu-scheduler")
+    }
+    assert len(sums) == 1
+    shorter = by_key(template(helm, {"extender.tls.generate.validityDays": 90}))
+    certs = assert_generated_certificates_work(shorter)
+    lifetime = certs["serving"].not_valid_after_utc - certs["serving"].not_valid_before_utc
+    assert abs(lifetime - datetime.timedelta(days=90)) < datetime.timedelta(minutes=1)
+
+
+def test_rendering_twice_without_a_cluster_gives_two_valid_sets(helm: str) -> None:
+    """`helm template` cannot look up the Secrets: each rendering issues a new CA and certificates. Each set is
+    whole and valid on its own (a GitOps render is never half old, half new), and the pods' checksum follows."""
+    first, second = by_key(template(helm)), by_key(template(helm))
+    a, b = assert_generated_certificates_work(first), assert_generated_certificates_work(second)
+    assert a["ca"] != b["ca"] and a["serving"] != b["serving"]
+
+    def checksum(chart: dict[tuple[str, str], dict[str, Any]]) -> str:
+        value: str = chart[("Deployment", "vgpu-extender")]["spec"]["template"]["metadata"]["annotations"][
+            "checksum/extender-tls"
+        ]
+        return value
+
+    assert checksum(first) != checksum(second)
+    # Everything else is identical between the two renderings.
+    for chart in (first, second):
+        for key in GENERATED:
+            del chart[key]
+        for name in ("vgpu-extender", "vgpu-scheduler"):
+            del chart[("Deployment", name)]["spec"]["template"]["metadata"]["annotations"]["checksum/extender-tls"]
+    assert first == second
+
+
+def test_cert_manager_mode_issues_both_certificates_from_a_ca_for_the_extender_alone(helm: str) -> None:
+    chart = by_key(template(helm, {"extender.tls.mode": "certManager"}))
+    assert not GENERATED & set(chart)
+    assert "checksum/extender-tls" not in chart[("Deployment", "vgpu-extender")]["spec"]["template"]["metadata"].get(
+        "annotations", {}
+    )
+    assert chart[("Issuer", "vgpu-extender-selfsigned")]["spec"] == {"selfSigned": {}}
+    ca = chart[("Certificate", "vgpu-extender-ca")]["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"] == {"name": "vgpu-extender-selfsigned", "kind": "Issuer"}
+    assert chart[("Issuer", "vgpu-extender-ca")]["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    server, client = (
+        chart[("Certificate", "vgpu-extender")]["spec"],
+        chart[("Certificate", "vgpu-extender-client")]["spec"],
+    )
+    assert server["secretName"] == "vgpu-extender-tls" and client["secretName"] == "vgpu-extender-client"
+    assert "server auth" in server["usages"] and "client auth" in client["usages"]
+    assert f"vgpu-extender.{NAMESPACE}.svc" in server["dnsNames"] and "dnsNames" not in client
+    for spec in (server, client):
+        assert spec["issuerRef"] == {"name": "vgpu-extender-ca", "kind": "Issuer"}
+        assert (spec["duration"], spec["renewBefore"]) == ("8760h", "720h")
+    assert_both_sides_read_the_right_files(chart, "vgpu-extender-client")
+    # An issuer of your own replaces the self-signed chain.
+    own = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    chart = by_key(template(helm, {"extender.tls.mode": "certManager", "extender.tls.certManager.issuerRef": own}))
+    assert {k for k in chart if k[0] in ("Issuer", "Certificate") and k[1].startswith("vgpu-extender")} == {
+        ("Certificate", "vgpu-extender"),
+        ("Certificate", "vgpu-extender-client"),
+    }
+    assert chart[("Certificate", "vgpu-extender")]["spec"]["issuerRef"] == own
+
+
+def test_own_secrets_mode_renders_no_certificates_and_reads_the_named_secrets(helm: str) -> None:
+    values = {
+        "extender.tls.mode": "secret",
+        "extender.tls.secretName": "corp-extender-tls",
+        "extender.tls.clientSecretName": "corp-scheduler-client",
+    }
+    chart = by_key(template(helm, values))
+    assert not [k for k in chart if k[0] in ("Secret", "Certificate", "Issuer") and "extender" in k[1]]
+    assert_both_sides_read_the_right_files(chart, "corp-scheduler-client")
+    assert _mounted_secret(chart[("Deployment", "vgpu-extender")], "/etc/vgpu-extender/tls") == "corp-extender-tls"
+    # The CA may come from the values instead of the client Secret.
+    tls = _scheduler_tls(by_key(template(helm, {**values, "scheduler.extenderCAData": "Q0E="})))
+    assert tls["caData"] == "Q0E=" and "caFile" not in tls
+
+
+# --------------------------------------------------------------------------------------------------------------
+# every setting the chart passes is accepted by the service's own loader
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it (downward API fields filled in)."""
+    fields = {"metadata.name": "pod-0", "metadata.namespace": NAMESPACE, "spec.nodeName": "gpu-1"}
+    return {
+        e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        for e in container.get("env", [])
+    }
+
+
+def _files(chart: dict[tuple[str, str], dict[str, Any]], doc: dict[str, Any]) -> dict[str, str]:
+    """The files the pod's ConfigMap volumes mount, by path in the container."""
+    spec = doc["spec"]["template"]["spec"]
+    maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+    out = {}
+    for m in _container(doc).get("volumeMounts", []):
+        if m["name"] in maps:
+            for key, text in chart[("ConfigMap", maps[m["name"]])]["data"].items():
+                out[f"{m['mountPath']}/{key}"] = text
+    return out
+
+
+def load_container_settings(chart: dict[tuple[str, str], dict[str, Any]], doc: dict[str, Any]) -> Any:
+    """Run one of our containers' command line, env and mounted config through its service's loader."""
+    c = _container(doc)
+    env, files = _env(c), _files(chart, doc)
+
+    def read_text(path: str) -> str:
+        return files[path]
+
+    if c["command"] == ["vgpu-extender"]:
+        from scheduler_extender.main import build_parser
+        from scheduler_extender.settings import SCHEMA as EXTENDER
+
+        settings = EXTENDER.load_args(build_parser().parse_args(c["args"]), env, read_text)
+        assert settings.serving_problem() is None
+        return settings
+    if c["command"] == ["vgpu-webhook", "serve"]:
+        from webhook import config_load
+        from webhook.main import parser
+
+        return config_load.SCHEMA.load_args(
+            parser().parse_args(["serve", *c["args"]]), env, read_text, check=config_load.problems
+        )
+    if c["command"] == ["vgpu-webhook", "install-certs"]:
+        from webhook.main import parser
+
+        assert not env
+        return parser().parse_args(["install-certs", *c["args"]])
+    if c["command"] == ["vgpu-device-plugin"]:
+        from device_plugin import config
+
+        return config.SCHEMA.load(c["args"], env, read_text, check=config.problems)
+    raise AssertionError(f"no loader for {c['command']}")
+
+
+OUR_WORKLOADS = {
+    ("Deployment", "vgpu-extender"),
+    ("Deployment", "vgpu-webhook"),
+    ("Job", "vgpu-webhook-certs"),
+    ("DaemonSet", "vgpu-device-plugin"),
+}
+
+
+@pytest.mark.parametrize("variant", ["defaults", "everything", "extender-ha"])
+def test_every_container_setting_loads_through_the_services_loader(helm: str, variant: str) -> None:
+    chart = by_key(template(helm, VARIANTS[variant]))
+    workloads = {k for k in chart if k[0] in ("Deployment", "DaemonSet", "Job")}
+    assert workloads - OUR_WORKLOADS == {("Deployment", "vgpu-scheduler")}  # kube-scheduler's own flags
+    for key in workloads & OUR_WORKLOADS:
+        assert load_container_settings(chart, chart[key]) is not None, key
+        # and no kubelet service links to collide with the env prefixes (the loader's second guard)
+        assert chart[key]["spec"]["template"]["spec"]["enableServiceLinks"] is False, key
+    assert chart[("Deployment", "vgpu-scheduler")]["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_device_plugin_limits_pass_through_with_the_plugins_ranges(helm: str) -> None:
+    """The six connection limits: the schema's bounds are the plugin's (device_plugin/config.py, problems())."""
+    from device_plugin import config
+
+    bounds = {
+        "grpc_workers": (2, 256),
+        "grpc_keepalive_s": (10, 3600),
+        "grpc_max_idle_s": (10, 86400),
+        "grpc_max_message_bytes": (64 << 10, 64 << 20),
+        "http_timeout_s": (0.5, 300),
+        "http_max_connections": (1, 4096),
+    }
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["devicePlugin"]["properties"]["config"]["properties"]
+    for name, (lo, hi) in bounds.items():
+        assert (props[name]["minimum"], props[name]["maximum"]) == (lo, hi), name
+        default = config.PluginConfig.model_fields[name].default
+        assert config.problems(config.PluginConfig(node_name="n", **{name: lo})) == []
+        assert config.problems(config.PluginConfig(node_name="n", **{name: hi})) == []
+        assert config.problems(config.PluginConfig(node_name="n", **{name: hi * 2}))  # above: refused by both
+        assert lo <= default <= hi
+    for edge in (0, 1):
+        values = {f"devicePlugin.config.{k}": v[edge] for k, v in bounds.items()}
+        chart = by_key(template(helm, values))
+        loaded = load_container_settings(chart, chart[("DaemonSet", "vgpu-device-plugin")])
+        assert {k: getattr(loaded, k) for k in bounds} == {k: v[edge] for k, v in bounds.items()}
+    # Left out, they stay at the plugin's defaults (the chart writes none of them).
+    chart = by_key(template(helm))
+    text = chart[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"]
+    assert not set(bounds) & set(yaml.safe_load(text))

@@ -104,7 +104,12 @@ def test_only_kube_scheduler_reaches_the_extenders_verbs() -> None:
     (ext,) = _docs(SCHEDULER_CONFIG)[0]["extenders"]
     sched = docs[("Deployment", "vgpu-scheduler")]["spec"]["template"]["spec"]
     mount = next(m["mountPath"] for m in sched["containers"][0]["volumeMounts"] if m["name"] == "extender-client")
-    assert ext["tlsConfig"]["certFile"].startswith(mount) and ext["tlsConfig"]["keyFile"].startswith(mount)
+    # It trusts the extender's CA from the same Secret (ca.crt): no placeholder to fill in.
+    assert ext["tlsConfig"] == {
+        "caFile": f"{mount}/ca.crt",
+        "certFile": f"{mount}/tls.crt",
+        "keyFile": f"{mount}/tls.key",
+    }
     assert next(v for v in sched["volumes"] if v["name"] == "extender-client")["secret"]["secretName"]
     policy = docs[("NetworkPolicy", "vgpu-extender")]["spec"]
     assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "vgpu-extender"}
@@ -174,3 +179,27 @@ def test_pod_security_of_every_shipped_workload(name: str, doc: dict[str, Any]) 
         assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, name
         assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), name
+
+
+@pytest.mark.parametrize(("name", "doc"), _workloads(), ids=[n for n, _ in _workloads()])
+def test_no_service_links_in_any_shipped_workload(name: str, doc: dict[str, Any]) -> None:
+    """The kubelet's <SERVICE>_PORT variables of vgpu-extender and vgpu-webhook share our env prefixes; the
+    settings loader ignores them, and the pods do not get them in the first place."""
+    assert doc["spec"]["template"]["spec"]["enableServiceLinks"] is False, name
+
+
+def test_device_plugin_checks_assignments_against_the_extenders_resource_names(tmp_path: Path) -> None:
+    """One set of names: the plugin's config carries the extender's defaults (the names the extender and the
+    webhook use when the manifests set none)."""
+    from device_plugin.config import load
+    from scheduler_extender.settings import ExtenderSettings
+
+    (cm,) = [d for d in _docs(ROOT / "deploy" / "device-plugin" / "daemonset.yaml") if d["kind"] == "ConfigMap"]
+    path = tmp_path / "device-plugin.yaml"
+    path.write_text(cm["data"]["device-plugin.yaml"])
+    plugin = load(["--config", str(path), "--node-name", "gpu-1"], {})
+    text = yaml.safe_load(cm["data"]["device-plugin.yaml"])
+    assert {"resource_memory", "resource_memory_percentage", "resource_cores", "resource_priority"} <= set(text)
+    extender_env = _extender_docs()[("Deployment", "vgpu-extender")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert not [e for e in extender_env if e["name"].startswith("VGPU_EXTENDER_RESOURCES__")]
+    assert plugin.resource_names() == ExtenderSettings().resource_names()
