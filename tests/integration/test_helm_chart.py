@@ -764,11 +764,10 @@ def load_container_settings(chart: dict[tuple[str, str], dict[str, Any]], doc: d
         return settings
     if c["command"] == ["vgpu-webhook", "serve"]:
         from webhook import config_load
+        from webhook.config import problems
         from webhook.main import parser
 
-        return config_load.SCHEMA.load_args(
-            parser().parse_args(["serve", *c["args"]]), env, read_text, check=config_load.problems
-        )
+        return config_load.SCHEMA.load_args(parser().parse_args(["serve", *c["args"]]), env, read_text, check=problems)
     if c["command"] == ["vgpu-webhook", "install-certs"]:
         from webhook.main import parser
 
