@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from fractions import Fraction
 
 # Every suffix of the Kubernetes quantity grammar (resource.Quantity): decimal SI, binary SI, and
@@ -25,28 +24,60 @@ _SCALE: dict[str, Fraction] = {
     "Pi": Fraction(2**50),
     "Ei": Fraction(2**60),
 }
-_QUANTITY = re.compile(r"^([+-]?)(\d+\.?\d*|\.\d+)(?:([KMGTPE]i|[numkMGTPE])|[eE]([+-]?\d+))?$")
 _MAX_EXPONENT = 30  # far beyond any real resource; keeps "1e999999999" from costing time
+# Longer than any quantity a person writes ("1.5Gi", "20480", "500m"); the cap bounds the work a hostile body can
+# ask of the parser before it is refused (the parser is linear anyway).
+MAX_QUANTITY_LENGTH = 64
+_DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit() also takes Arabic-Indic and full-width digits
 
 
 class QuantityError(ValueError):
     """Raised with a short reason; callers add container and resource context."""
 
 
+def _digits(s: str, i: int) -> int:
+    """The index after the run of ASCII digits starting at i."""
+    while i < len(s) and s[i] in _DIGITS:
+        i += 1
+    return i
+
+
 def _exact(raw: str) -> Fraction:
-    """The exact value of a quantity string; exact so that "500m" is 1/2, never rounded to 0 or 1."""
-    m = _QUANTITY.match(raw.strip())
-    if m is None:
-        raise QuantityError("not a Kubernetes quantity")
-    sign, number, suffix, exponent = m.groups()
-    if exponent is not None:
-        if abs(int(exponent)) > _MAX_EXPONENT:
+    """The exact value of a quantity string; exact so that "500m" is 1/2, never rounded to 0 or 1.
+
+    One left-to-right pass over resource.Quantity's grammar (k8s.io/apimachinery pkg/api/resource/quantity.go,
+    the comment above `type Quantity`): [+-] then digits[.digits] or .digits, then a binary SI suffix, a decimal
+    SI suffix or an exponent e[+-]digits. No regex, so no backtracking: a 12,000-character string costs one pass
+    over its first MAX_QUANTITY_LENGTH characters."""
+    s = raw.strip(" \t")
+    if len(s) > MAX_QUANTITY_LENGTH:
+        raise QuantityError(f"longer than {MAX_QUANTITY_LENGTH} characters")
+    i = 1 if s[:1] in ("+", "-") else 0
+    start = i
+    i = _digits(s, i)
+    whole = s[start:i]
+    fraction = ""
+    if i < len(s) and s[i] == ".":
+        end = _digits(s, i + 1)
+        fraction = s[i + 1 : end]
+        i = end
+    if not whole and not fraction:
+        raise QuantityError("not a Kubernetes quantity (no ASCII digits where the number should be)")
+    suffix = s[i:]
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        j = 2 if suffix[1:2] in ("+", "-") else 1
+        if j == len(suffix) or _digits(suffix, j) != len(suffix):
+            raise QuantityError("not a Kubernetes quantity (exponent needs ASCII digits)")
+        exponent = int(suffix[1:])
+        if abs(exponent) > _MAX_EXPONENT:
             raise QuantityError(f"exponent out of range (at most {_MAX_EXPONENT})")
-        scale = Fraction(10) ** int(exponent)
+        scale = Fraction(10) ** exponent
+    elif suffix in _SCALE:
+        scale = _SCALE[suffix]
     else:
-        scale = _SCALE[suffix or ""]
-    value = Fraction(number) * scale
-    return -value if sign == "-" else value
+        raise QuantityError(f"not a Kubernetes quantity (unknown suffix {suffix[:8]!r})")
+    value = Fraction(int(whole or "0") * 10 ** len(fraction) + int(fraction or "0"), 10 ** len(fraction)) * scale
+    return -value if s[:1] == "-" else value
 
 
 def parse_int_quantity(raw: object) -> int:
@@ -83,10 +114,7 @@ def parse_cpu_milli(raw: object) -> int:
         return round(float(raw) * 1000)
     if not isinstance(raw, str):
         raise QuantityError(f"unsupported type {type(raw).__name__}")
-    s = raw.strip()
-    if s.endswith("m"):
-        return int(s[:-1])
-    return round(float(s) * 1000)
+    return round(_exact(raw) * 1000)
 
 
 def parse_memory_mib(raw: object) -> int:

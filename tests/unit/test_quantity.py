@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vgpu.quantity import QuantityError, parse_cpu_milli, parse_int_quantity, parse_memory_mib
+from vgpu.quantity import MAX_QUANTITY_LENGTH, QuantityError, parse_cpu_milli, parse_int_quantity, parse_memory_mib
 
 _MULT = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -110,3 +112,55 @@ def test_parse_memory_mib_rounds_up(raw: object, mib: int) -> None:
 def test_parse_memory_mib_rejects(raw: object) -> None:
     with pytest.raises(QuantityError):
         parse_memory_mib(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "\u0661",
+        "\uff11",
+        "\u0663Gi",
+        "1\u0661",
+        "1_000",
+        "1e\u0661",
+        "1.\u0665",
+        "\u00b2",
+        "1 0",
+        "1e",
+        "1e+",
+        ".",
+        "+",
+        "1.2.3",
+    ],
+)
+def test_only_ascii_digits_in_the_quantity_grammar(raw: str) -> None:
+    """Python's int() and \\d take Arabic-Indic and full-width digits and underscores; Kubernetes does not."""
+    with pytest.raises(QuantityError):
+        parse_int_quantity(raw)
+    with pytest.raises(QuantityError):
+        parse_cpu_milli(raw)
+
+
+@pytest.mark.parametrize("raw", ["1" * 12_001, "1" * 12_000 + "x", "." + "1" * 12_000 + "e", "9" * 65])
+def test_a_long_quantity_is_refused_at_once(raw: str) -> None:
+    """The old regex backtracked quadratically: 12,001 characters took 14-20 s on the event loop."""
+    started = time.perf_counter()
+    with pytest.raises(QuantityError, match=f"longer than {MAX_QUANTITY_LENGTH} characters"):
+        parse_int_quantity(raw)
+    assert time.perf_counter() - started < 0.01
+
+
+@given(st.text(alphabet="0123456789.+-eEkKMGTPinu m\u0661", max_size=3 * MAX_QUANTITY_LENGTH))
+def test_the_parser_refuses_or_answers_an_integer_never_crashes(raw: str) -> None:
+    try:
+        value = parse_int_quantity(raw)
+    except QuantityError:
+        return
+    assert isinstance(value, int) and value >= 0
+    assert len(raw.strip(" \t")) <= MAX_QUANTITY_LENGTH and raw.isascii()
+
+
+def test_an_exponent_is_a_suffix_of_ascii_digits() -> None:
+    assert parse_int_quantity("1e3") == 1000
+    assert parse_int_quantity("2E+2") == 200
+    assert parse_int_quantity("1E") == 10**18  # E alone is exa
