@@ -1,7 +1,9 @@
 """The HTTP surface: kube-scheduler's POST verbs plus health, readiness and metrics.
 
 Handlers only convert: bytes -> wire model -> service -> JSON. Malformed bodies get a 400 naming the
-problem; the service keeps serving. Who may call is decided below HTTP: with --client-ca-file the TLS
+problem (a field of the wrong type by its path, vgpu.podshape); the service keeps serving. A body is read while it
+streams in and refused with 413 as soon as it passes `max_body` (--max-body-bytes), never read to its end; parsing
+and the verbs run on worker threads, so /healthz, /readyz and /metrics answer while a large body is parsed. Who may call is decided below HTTP: with --client-ca-file the TLS
 handshake already refused every client without a certificate our CA signed (scheduler_extender.main).
 `create_health_app` is the plain-HTTP side for kubelet probes and Prometheus, which present no client
 certificate: it carries nothing that changes or reveals allocations beyond the metrics.
@@ -19,16 +21,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from scheduler_extender import schema
 from scheduler_extender.service import BadRequest, ExtenderService
 from vgpu.clusterfile import dump_cluster
+from vgpu.podshape import PodShapeError, check_pod_shape
 
 log = logging.getLogger(__name__)
-MAX_BODY = 64 * 1024 * 1024
+# A /filter body holds one pod (etcd stores at most 1.5 MiB of it) and, with nodeCacheCapable, the node names: 5,000
+# names are ~0.1 MB. 16 MiB leaves room for the full-NodeList mode of a mid-sized cluster; parsed, such a body
+# of tiny JSON values costs a few hundred MiB at worst, under the manifests' 1 GiB limit.
+MAX_BODY = 16 * 1024 * 1024
+
+
+class TooLarge(Exception):
+    """The body passed the cap while streaming in (-> HTTP 413)."""
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -41,24 +51,44 @@ def _bad(verb: str, service: ExtenderService, message: str) -> Response:
     return _json({"Error": message}, status=400)
 
 
-async def _read(request: Request, verb: str, model: type[BaseModel]) -> Any:
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise BadRequest(f"{verb}: body of {len(body)} bytes exceeds {MAX_BODY}")
+async def read_capped(request: Request, cap: int, what: str) -> bytes:
+    """The body, read chunk by chunk; TooLarge as soon as it passes `cap` (or its Content-Length says it will)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise TooLarge(f"{what}: body of {int(declared)} bytes; at most {cap} allowed (--max-body-bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise TooLarge(f"{what}: body over {cap} bytes; at most {cap} allowed (--max-body-bytes)")
+    return bytes(body)
+
+
+def _parse(body: bytes, verb: str, model: type[BaseModel]) -> Any:
+    """Bytes -> wire model, the pod's field types checked (on a worker thread: linear, but up to MAX_BODY)."""
     if not body:
         raise BadRequest(f"{verb}: empty body; expected a JSON {model.__name__}")
     try:
-        return model.model_validate_json(body)
+        args = model.model_validate_json(body)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors()[:5])
-        raise BadRequest(f"{verb}: invalid {model.__name__}: {problems}") from None
+        raise BadRequest(f"{verb}: invalid {model.__name__}: {problems}"[:2048]) from None
+    pod = getattr(args, "Pod", None)
+    if pod is not None:
+        try:
+            check_pod_shape(pod, "Pod")
+        except PodShapeError as exc:
+            raise BadRequest(f"{verb}: invalid {model.__name__}: {exc}"[:2048]) from None
+    return args
 
 
-def create_app(service: ExtenderService, *, state: bool = False, probes: bool = True) -> Starlette:
+def create_app(
+    service: ExtenderService, *, state: bool = False, probes: bool = True, max_body: int = MAX_BODY
+) -> Starlette:
     """The verbs; `/state` only with `state` (--enable-state); health, readiness and metrics with `probes`
     (off when --health-port serves them on their own port)."""
 
-    def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any], *, threaded: bool = False) -> Route:
+    def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any]) -> Route:
         hist = service.metrics.latency.labels(verb)
 
         async def handler(request: Request) -> Response:
@@ -68,8 +98,16 @@ def create_app(service: ExtenderService, *, state: bool = False, probes: bool = 
                 return _json({"Error": f"{verb}: this extender replica stands by; the leader is {leader}"}, status=503)
             started = time.perf_counter()
             try:
-                args = await _read(request, verb, model)
-                result = await run_in_threadpool(call, args) if threaded else call(args)
+                body = await read_capped(request, max_body, verb)
+                args = await run_in_threadpool(_parse, body, verb, model)
+                del body
+                result = await run_in_threadpool(call, args)
+            except ClientDisconnect:  # gone, or cut by the read deadline (scheduler_extender.http_guard)
+                return Response(status_code=400)
+            except TooLarge as exc:
+                service.metrics.bad_requests.labels(verb).inc()
+                log.warning("body too large", extra={"verb": verb, "error": str(exc)})
+                return _json({"Error": str(exc)}, status=413)
             except BadRequest as exc:
                 return _bad(verb, service, str(exc))
             if verb != "bind":
@@ -80,10 +118,13 @@ def create_app(service: ExtenderService, *, state: bool = False, probes: bool = 
 
     async def state_view(request: Request) -> Response:
         """Who holds which slice, in the cluster-file format (`vgpu show` reads it)."""
-        with service.lock:
-            nodes = [n.inventory for n in service.state.nodes.values()]
-            doc = dump_cluster(nodes, sorted(service.state.assignments.items()))
-        return _json(doc)
+
+        def dump() -> dict[str, Any]:
+            with service.lock:
+                nodes = [n.inventory for n in service.state.nodes.values()]
+                return dump_cluster(nodes, sorted(service.state.assignments.items()))
+
+        return _json(await run_in_threadpool(dump))  # the lock may be held by a verb: wait off the event loop
 
     async def state_off(request: Request) -> Response:
         return PlainTextResponse(
@@ -94,7 +135,7 @@ def create_app(service: ExtenderService, *, state: bool = False, probes: bool = 
     routes = [
         verb_route("filter", schema.ExtenderArgs, service.filter),
         verb_route("prioritize", schema.ExtenderArgs, service.prioritize),
-        verb_route("bind", schema.ExtenderBindingArgs, service.bind, threaded=True),
+        verb_route("bind", schema.ExtenderBindingArgs, service.bind),
         Route("/state", state_view if state else state_off),
     ]
     if probes:
@@ -119,8 +160,11 @@ def _probe_routes(service: ExtenderService) -> list[Route]:
         return PlainTextResponse("state not synced yet", status_code=503)
 
     async def metrics(request: Request) -> Response:
-        with service.lock:
-            body = generate_latest(service.metrics.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+        def scrape() -> bytes:
+            with service.lock:
+                return generate_latest(service.metrics.registry)
+
+        return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
 
     return [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]

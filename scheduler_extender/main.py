@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from scheduler_extender.app import create_app, create_health_app
+from scheduler_extender.http_guard import guarded_protocol
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ENV_PREFIX, SCHEMA, ExtenderSettings, SettingsError, read_text
 from vgpu.errors import VgpuError
@@ -51,6 +52,17 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
     return out
 
 
+def _connection_limits(s: ExtenderSettings) -> dict[str, object]:
+    """What bounds a connection (scheduler_extender.http_guard): a deadline on reading each request, uvicorn's
+    keep-alive timeout between requests and its connection cap (uvicorn 0.54, uvicorn/config.py `Config`:
+    timeout_keep_alive, limit_concurrency; the h11 protocol caps headers at 16 KiB, h11_max_incomplete_event_size)."""
+    return {
+        "http": guarded_protocol(s.request_read_timeout_seconds),
+        "timeout_keep_alive": 5,
+        "limit_concurrency": s.max_connections,
+    }
+
+
 def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvicorn.Server | None:
     """--health-port: /healthz, /readyz and /metrics over plain HTTP in a thread. A kubelet HTTPS probe presents no
     client certificate (kubernetes pkg/probe/http/http.go, New(): a tls.Config with InsecureSkipVerify and no
@@ -58,7 +70,12 @@ def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvico
     if s.health_port is None:
         return None
     config = uvicorn.Config(
-        create_health_app(service), host=s.address, port=s.health_port, log_level="warning", access_log=False
+        create_health_app(service),
+        host=s.address,
+        port=s.health_port,
+        log_level="warning",
+        access_log=False,
+        **_connection_limits(s),  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)  # off the main thread uvicorn installs no signal handlers
     threading.Thread(target=server.run, name="health-server", daemon=True).start()
@@ -74,6 +91,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         narrow_filter=s.narrow_filter,
         bind_grace_s=s.bind_grace_seconds,
         relearn_interval_s=s.relearn_interval_seconds,
+        max_node_names=s.max_node_names,
     )
     lock = threading.RLock()
     if s.source == "file":
@@ -206,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     health = _start_health_server(settings, service)
     try:
         uvicorn.run(
-            create_app(service, state=settings.enable_state, probes=health is None),
+            create_app(service, state=settings.enable_state, probes=health is None, max_body=settings.max_body_bytes),
             host=settings.address,
             port=settings.port,
             log_level="warning",
             access_log=False,
             **_ssl_kwargs(settings),  # type: ignore[arg-type]
+            **_connection_limits(settings),  # type: ignore[arg-type]
         )
     except Terminated:
         log.info("stopped by SIGTERM")

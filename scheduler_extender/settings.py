@@ -117,6 +117,24 @@ class ExtenderSettings(BaseModel):
     )
     pod_namespace: str | None = Field(default=None, description="namespace of pod_name")
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="largest request body accepted; a longer one is refused with 413 while it streams in",
+    )
+    max_node_names: int = Field(
+        default=15_000, ge=1, description="most nodes one /filter or /prioritize may name (Kubernetes: 5,000 nodes)"
+    )
+    request_read_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="a request must arrive whole (headers and body) within this long, or its connection is closed",
+    )
+    max_connections: int = Field(
+        default=1000, ge=1, description="open connections served at once; beyond them requests get 503"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
     log_format: Literal["text", "json"] = Field(default="text", description="text, or json for one object per line")
     resources: ResourceNameSettings = Field(default_factory=ResourceNameSettings)

@@ -298,12 +298,33 @@ def test_recent_pods_keep_filter_bodies_only_for_the_file_source() -> None:
     assert off.body("ns/p") is None
     on = RecentPods(pod_info, keep_bodies=True, size=1)
     on.keep(pod)
-    assert on.body("ns/p") is pod
+    assert on.body("ns/p") == pod  # kept as JSON bytes, handed back as a new dict
     anon = _pod("anon") | {"metadata": {"name": "anon", "namespace": "ns"}}
     on.keep(anon)
-    assert on.body("ns/anon") is None and on.body("ns/p") is pod  # no UID: never kept
+    assert on.body("ns/anon") is None and on.body("ns/p") == pod  # no UID: never kept
     on.keep(_pod("q"))
     assert on.body("ns/p") is None and on.body("ns/q") is not None  # size 1: the oldest goes
+
+
+def test_recent_pods_hold_digests_and_parses_bounded_by_bytes_never_the_pods() -> None:
+    """6 x 8 MB pods once kept 1.2 GiB: the cache held each whole pod to compare the next one with."""
+    big = _pod("big")
+    big["metadata"]["labels"] = {f"l{i}": "x" * 1000 for i in range(8000)}  # ~8 MB of labels, not kept
+    recent = RecentPods(pod_info, max_bytes=100_000)
+    info = recent.parse(big)
+    assert recent.parse(copy.deepcopy(big)) is info  # recognised by its digest
+    assert recent.held_bytes < 2_000
+    for i in range(10):  # 20 KB of annotations each: the byte budget, not the entry count, evicts
+        pod = _pod(f"a{i}")
+        pod["metadata"]["annotations"] = {"note": "y" * 20_000}
+        recent.parse(pod)
+    assert recent.held_bytes <= 100_000
+    bodies = RecentPods(pod_info, keep_bodies=True, max_bytes=50_000)
+    for i in range(10):
+        pod = _pod(f"b{i}")
+        pod["metadata"]["annotations"] = {"note": "z" * 20_000}
+        bodies.keep(pod)
+    assert bodies.held_bytes <= 50_000 and bodies.body("ns/b9") is not None and bodies.body("ns/b0") is None
 
 
 # -- leadership drives a Replica ------------------------------------------------------------------------------------
