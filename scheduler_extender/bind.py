@@ -3,18 +3,24 @@ the Binding created outside it, then the reservation settled (kept by a bound po
 
 What is refused (a pod bound already, holding a live assignment, recreated under another UID, no longer fitting)
 is refused before anything changes: docs/extender.md, "Security".
+
+Every bind runs against a deadline (scheduler_extender.deadline): kube-scheduler's extender httpTimeout, less a
+margin for the answer's way back, and with leader election no later than the lease is surely ours. Its apiserver
+calls stop early enough to leave `rollback_s` for undoing them, so a bind answers, bound or rolled back, before
+kube-scheduler gives up on it (docs/extender.md, "Timeouts and deadlines").
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_extender import schema
+from scheduler_extender import deadline, schema
 from scheduler_extender.binder import Binder
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
@@ -25,6 +31,17 @@ from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.pod import PodInfo, bound_node, pod_uid
 
 log = logging.getLogger(__name__)
+
+# kube-scheduler's default extender httpTimeout: kubernetes v1.34 pkg/scheduler/extender.go, DefaultExtenderTimeout
+# = 5 * time.Second, used by NewHTTPExtender when the profile's httpTimeout is 0; the http.Client's Timeout is it.
+DEFAULT_HTTP_TIMEOUT_S = 5.0
+# Left of the httpTimeout for the answer to travel back and be read by kube-scheduler.
+ANSWER_MARGIN_S = 0.25
+
+
+def rollback_budget(timeout_s: float) -> float:
+    """What a bind keeps of its time for undoing a failed write: one PATCH, at most a second."""
+    return min(1.0, timeout_s / 5)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +55,11 @@ class BindVerb:
     recent: RecentPods
     parse: Callable[[Mapping[str, Any]], PodInfo]
     metrics: ExtenderMetrics
+    timeout_s: float = DEFAULT_HTTP_TIMEOUT_S  # kube-scheduler's extender httpTimeout
+    # Until when (time.monotonic) this replica may still bind: with leader election, the end of its renew deadline;
+    # a bind's calls end by then, so none lands after a standby could have taken the lease over.
+    lease_until: Callable[[], float] = lambda: math.inf
+    clock: Callable[[], float] = time.monotonic
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
@@ -45,8 +67,14 @@ class BindVerb:
         is refused with nothing changed (no assignment written or deleted, no slice freed)."""
         key = f"{args.PodNamespace}/{args.PodName}"
         started = time.perf_counter()
+        now = self.clock()
+        answer_by = now + self.timeout_s - ANSWER_MARGIN_S
+        calls_by = min(answer_by - rollback_budget(self.timeout_s), self.lease_until())
+        if calls_by - now < deadline.MIN_CALL_S:
+            return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:
-            pod = self._pod_to_bind(args, key)
+            with deadline.within(calls_by):
+                pod = self._pod_to_bind(args, key)
             info = self._parse_to_bind(pod)
             with self.lock:
                 assignment = self.reservations.reserve(key, args.Node, info)
@@ -54,14 +82,16 @@ class BindVerb:
             return self._bind_failed(key, args.Node, str(exc))
         uid = pod_uid(pod) or args.PodUID
         try:
-            if assignment is not None:
-                self.binder.write_assignment(
-                    namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
-                )
-            self._bind_checked(args, uid)
+            with deadline.within(calls_by):
+                if assignment is not None:
+                    self.binder.write_assignment(
+                        namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
+                    )
+                self._bind_checked(args, uid)
         except Exception as exc:
-            self._roll_back(args, uid, assignment, reason=str(exc))
-            return self._bind_failed(key, args.Node, f"binding failed: {exc}")
+            with deadline.within(min(answer_by, calls_by + rollback_budget(self.timeout_s))):
+                self._roll_back(args, uid, assignment, reason=str(exc))
+            return self._bind_failed(key, args.Node, f"binding failed: {_describe(exc)}")
         with self.lock:
             self.reservations.bound(key)
             self.pending.done(key)
@@ -125,3 +155,10 @@ class BindVerb:
         self.metrics.bind_failure()
         log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
         return schema.binding_result(f"bind {key} to {node}: {reason}")
+
+
+def _describe(exc: Exception) -> str:
+    """A timeout says so (urllib3's text names only the pool), anything else as it reads."""
+    if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
+        return f"the apiserver did not answer within this bind's deadline ({exc})"
+    return str(exc)

@@ -17,6 +17,7 @@ import orjson
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from scheduler_extender.deadline import remaining
 from scheduler_extender.leader import Conflict, LeaseRecord
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
@@ -29,6 +30,27 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 # (the import-linter contract in pyproject.toml; sources/kube.py and main.py are the other adapters).
 CoreApi = client.CoreV1Api
 
+# Every call carries `_request_timeout`: urllib3's (connect, read) timeouts, the read one per socket read. Inside a
+# request's deadline (scheduler_extender.deadline) a call gets what is left of it; otherwise this default.
+CALL_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 3.0
+# Watches: the apiserver ends each after `timeoutSeconds` (Reflector.watch_timeout_s); the client gives up on a
+# watch that sent nothing (not even a bookmark) for this much longer, so a dropped connection that never closed is
+# noticed instead of blocking the reflector forever.
+WATCH_READ_SLACK_S = 30.0
+# Lists (the reflectors' relists, the pods a new leader learns from) read every active pod: a longer default.
+LIST_TIMEOUT_S = 60.0
+
+
+def _timeout(default_s: float = CALL_TIMEOUT_S) -> tuple[float, float]:
+    """(connect, read) for the next call: the request's remaining deadline, or `default_s`."""
+    left = remaining(default_s)
+    return (min(CONNECT_TIMEOUT_S, left), left)
+
+
+def _version(raw: dict[str, Any]) -> str:
+    return str((raw.get("metadata") or {}).get("resourceVersion") or "")
+
 
 def _raw(resp: Any) -> dict[str, Any]:
     data = resp.data if hasattr(resp, "data") else resp.read()
@@ -38,7 +60,7 @@ def _raw(resp: Any) -> dict[str, Any]:
 
 def get_pod(api: client.CoreV1Api, *, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return _raw(api.read_namespaced_pod(name, namespace, _preload_content=False))
+        return _raw(api.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=_timeout()))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -46,22 +68,43 @@ def get_pod(api: client.CoreV1Api, *, namespace: str, name: str) -> dict[str, An
 
 
 def patch_pod_annotations(
-    api: client.CoreV1Api, *, namespace: str, name: str, uid: str, annotations: dict[str, str | None]
-) -> None:
-    """Merge-patch annotations (None deletes a key); the UID guards against a recreated pod."""
+    api: client.CoreV1Api,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    annotations: dict[str, str | None],
+    resource_version: str = "",
+) -> str:
+    """Merge-patch annotations (None deletes a key); the UID guards against a recreated pod, a resourceVersion
+    (when given) against any change since it was read: a late write then fails with 409 instead of overwriting
+    newer state. Returns the pod's resourceVersion after the patch."""
     metadata: dict[str, Any] = {"annotations": annotations}
     if uid:
         metadata["uid"] = uid
-    api.patch_namespaced_pod(name, namespace, {"metadata": metadata}, _preload_content=False)
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    resp = api.patch_namespaced_pod(
+        name, namespace, {"metadata": metadata}, _preload_content=False, _request_timeout=_timeout()
+    )
+    return _version(_raw(resp))
 
 
-def create_binding(api: client.CoreV1Api, *, namespace: str, name: str, uid: str, node: str) -> None:
+def create_binding(
+    api: client.CoreV1Api, *, namespace: str, name: str, uid: str, node: str, resource_version: str = ""
+) -> None:
+    """POST pods/binding. UID and resourceVersion are preconditions of the apiserver's update (kubernetes v1.34
+    pkg/registry/core/pod/storage/storage.go: BindingREST.Create passes binding.UID and binding.ResourceVersion to
+    assignPod -> setPodNodeAndMetadata as storage.Preconditions), so a Binding that arrives late, after its bind
+    was rolled back and the pod changed, is refused with 409 instead of binding a pod whose assignment is gone."""
     body = client.V1Binding(
-        metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+        metadata=client.V1ObjectMeta(
+            name=name, namespace=namespace, uid=uid or None, resource_version=resource_version or None
+        ),
         target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
     )
     # _preload_content=False: the generated client cannot deserialise the Status this call returns.
-    api.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+    api.create_namespaced_pod_binding(name, namespace, body, _preload_content=False, _request_timeout=_timeout())
 
 
 def nudge_pod(
@@ -73,15 +116,41 @@ def nudge_pod(
 
 
 class KubeBinder:
+    """The Binder over the apiserver. Each write is conditional on the pod's resourceVersion as this binder last
+    read or wrote it, so the steps of one bind (GET, assignment PATCH, Binding, failure PATCH) apply in order or not
+    at all: a call that timed out here but reaches the apiserver later finds the pod changed and gets 409.
+    Binds of one pod never overlap (scheduler_extender.reservations refuses a second), so one version per pod is
+    enough; the table is bounded and entries go once a bind ends."""
+
+    MAX_VERSIONS = 10_000
+
     def __init__(self, api: client.CoreV1Api, *, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.clock = clock
+        self._versions: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _remember(self, namespace: str, name: str, version: str) -> None:
+        with self._lock:
+            key = f"{namespace}/{name}"
+            self._versions.pop(key, None)
+            if len(self._versions) >= self.MAX_VERSIONS:  # the oldest: a pod read by a bind that was refused
+                del self._versions[next(iter(self._versions))]
+            self._versions[key] = version
+
+    def _version_of(self, namespace: str, name: str, *, forget: bool = False) -> str:
+        with self._lock:
+            key = f"{namespace}/{name}"
+            return (self._versions.pop(key, "") if forget else self._versions.get(key, "")) or ""
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        return get_pod(self.api, namespace=namespace, name=name)
+        pod = get_pod(self.api, namespace=namespace, name=name)
+        if pod is not None:
+            self._remember(namespace, name, _version(pod))
+        return pod
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        patch_pod_annotations(
+        version = patch_pod_annotations(
             self.api,
             namespace=namespace,
             name=name,
@@ -91,24 +160,54 @@ class KubeBinder:
                 ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
                 ann.POD_BIND_TIME: f"{self.clock():.3f}",
             },
+            resource_version=self._version_of(namespace, name),
         )
+        self._remember(namespace, name, version)
 
     def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node)
-
-    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
-        patch_pod_annotations(
+        create_binding(
             self.api,
             namespace=namespace,
             name=name,
             uid=uid,
-            annotations={ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value},
+            node=node,
+            resource_version=self._version_of(namespace, name),
+        )
+        self._version_of(namespace, name, forget=True)
+
+    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
+        """Remove the assignment (phase failed) if the pod is as this binder left it. On 409 (the assignment
+        PATCH landed although its call failed, or the pod changed) read it once more and mark it only while it is
+        unbound and still carries an assignment in phase allocating; anything else is left to the bind grace."""
+        annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
+        version = self._version_of(namespace, name, forget=True)
+        try:
+            patch_pod_annotations(
+                self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=version
+            )
+            return
+        except ApiException as exc:
+            if exc.status != 409 or not version:
+                raise
+        pod = get_pod(self.api, namespace=namespace, name=name)
+        if pod is None or (pod.get("spec") or {}).get("nodeName"):
+            return
+        held = (pod.get("metadata") or {}).get("annotations") or {}
+        if held.get(ann.POD_BIND_PHASE) != ann.BindPhase.ALLOCATING.value or not held.get(ann.POD_ASSIGNMENT):
+            return
+        patch_pod_annotations(
+            self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=_version(pod)
         )
 
 
 def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = (
-        _raw(api.list_pod_for_all_namespaces(field_selector=ACTIVE_PODS, _preload_content=False)).get("items") or []
+        _raw(
+            api.list_pod_for_all_namespaces(
+                field_selector=ACTIVE_PODS, _preload_content=False, _request_timeout=_timeout(LIST_TIMEOUT_S)
+            )
+        ).get("items")
+        or []
     )
     return items
 
@@ -116,14 +215,21 @@ def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
 def mark_leader(api: client.CoreV1Api, *, namespace: str, name: str, leading: bool) -> None:
     """Set (or remove) `vgpu.io/extender-leader=true` on the extender's own pod: the Service selects it."""
     labels = {ann.EXTENDER_LEADER_LABEL: "true" if leading else None}
-    api.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}}, _preload_content=False)
+    api.patch_namespaced_pod(
+        name, namespace, {"metadata": {"labels": labels}}, _preload_content=False, _request_timeout=_timeout()
+    )
 
 
 def clear_other_leader_labels(api: client.CoreV1Api, *, namespace: str, own: str) -> list[str]:
     """Remove `vgpu.io/extender-leader` from every other pod in the namespace: a leader that crashed leaves it
     behind until its container restarts. Returns the pods cleared."""
     raw = _raw(
-        api.list_namespaced_pod(namespace, label_selector=f"{ann.EXTENDER_LEADER_LABEL}=true", _preload_content=False)
+        api.list_namespaced_pod(
+            namespace,
+            label_selector=f"{ann.EXTENDER_LEADER_LABEL}=true",
+            _preload_content=False,
+            _request_timeout=_timeout(),
+        )
     )
     names = [str(p["metadata"]["name"]) for p in raw.get("items") or [] if p["metadata"]["name"] != own]
     for name in names:
@@ -177,7 +283,13 @@ class KubeLeaseStore:
 
     def get(self) -> LeaseRecord | None:
         try:
-            return self._record(_raw(self.api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)))
+            return self._record(
+                _raw(
+                    self.api.read_namespaced_lease(
+                        self.name, self.namespace, _preload_content=False, _request_timeout=_timeout()
+                    )
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -186,7 +298,12 @@ class KubeLeaseStore:
     def create(self, record: LeaseRecord) -> LeaseRecord:
         try:
             body = self._body(replace(record, version=""))
-            raw = self.api.create_namespaced_lease(self.namespace, body, _preload_content=False)  # type: ignore[arg-type]
+            raw = self.api.create_namespaced_lease(
+                self.namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+                _request_timeout=_timeout(),
+            )
             return self._record(_raw(raw))
         except ApiException as exc:
             if exc.status == 409:
@@ -196,7 +313,13 @@ class KubeLeaseStore:
     def update(self, record: LeaseRecord) -> LeaseRecord:
         try:
             body = self._body(record)
-            raw = self.api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False)  # type: ignore[arg-type]
+            raw = self.api.replace_namespaced_lease(
+                self.name,
+                self.namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+                _request_timeout=_timeout(),
+            )
             return self._record(_raw(raw))
         except ApiException as exc:
             if exc.status == 409:
@@ -237,7 +360,7 @@ class Reflector:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _list(self) -> str:
-        raw = _raw(self.list_call(_preload_content=False, **self._kwargs()))
+        raw = _raw(self.list_call(_preload_content=False, _request_timeout=_timeout(LIST_TIMEOUT_S), **self._kwargs()))
         self.replace(list(raw.get("items") or []))
         self.relists += 1
         return str((raw.get("metadata") or {}).get("resourceVersion") or "")
@@ -269,6 +392,8 @@ class Reflector:
             timeout_seconds=self.watch_timeout_s,
             allow_watch_bookmarks=True,
             deserialize=False,
+            # The client's read timeout outlasts the server's: a silent, half-dead connection still ends.
+            _request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + WATCH_READ_SLACK_S),
             **self._kwargs(),
         )
         for event in stream:

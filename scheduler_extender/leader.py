@@ -10,18 +10,27 @@ has seen the same record for longer than the lease duration, measured on its own
 between nodes does not matter); a leader that fails to renew for the renew deadline stops leading, and the
 process then exits, so it comes back as a standby that rebuilt its state from the apiserver. A clean shutdown
 releases the lease, and a standby takes over within one retry period instead of one lease duration.
+
+Renewal time counts from when the renewing request was sent, not when its answer came: the standby sees the
+record at or after it was written, so it cannot take over before sent + lease duration, while this leader stops
+binding at sent + renew deadline (`valid_until`), earlier by lease - renew deadline. Each attempt's calls are bound
+by the renew deadline (client-go v0.34 tools/leaderelection/leaderelection.go, renew(): every tryAcquireOrRenew runs
+under context.WithTimeout(ctx, RenewDeadline), and the leader gives up once that passes without a renewal).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
+
+from scheduler_extender.deadline import within
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +106,33 @@ class LeaderElector:
 
     # -- one round ------------------------------------------------------------------------------------------------
 
+    def valid_until(self) -> float:
+        """Until when (on `monotonic`) this replica surely holds the lease: the renew deadline after the last
+        successful renewal was sent; -inf while it does not lead."""
+        return self._renewed_at + self.renew_deadline_s if self.leading.is_set() else -math.inf
+
     def attempt(self) -> Attempt:
-        """Try once to acquire or renew the lease."""
+        """Try once to acquire or renew the lease, within the renew deadline (a leader: what is left of it)."""
+        sent = self.monotonic()
+        until = self.valid_until() if self.leading.is_set() else sent + self.renew_deadline_s
         try:
-            current = self.store.get()
-            if current is None:
-                return self._won(self.store.create(self._claim(None)))
-            self._observe(current)
-            live = self._observed_at + current.duration_s > self.monotonic()
-            if current.holder and current.holder != self.identity and live:
-                return Attempt.OTHER
-            return self._won(self.store.update(self._claim(current)))
+            with within(until):
+                return self._attempt(sent)
         except Conflict:
             return Attempt.FAILED
         except Exception as exc:  # the apiserver is away: a leader keeps trying until its renew deadline
             log.warning("leader election: lease not reachable", extra={"error": repr(exc)})
             return Attempt.FAILED
+
+    def _attempt(self, sent: float) -> Attempt:
+        current = self.store.get()
+        if current is None:
+            return self._won(self.store.create(self._claim(None)), sent)
+        self._observe(current)
+        live = self._observed_at + current.duration_s > self.monotonic()
+        if current.holder and current.holder != self.identity and live:
+            return Attempt.OTHER
+        return self._won(self.store.update(self._claim(current)), sent)
 
     def _claim(self, current: LeaseRecord | None) -> LeaseRecord:
         now = self.now()
@@ -134,9 +154,9 @@ class LeaderElector:
             self.holder = record.holder
             self.on_holder(record.holder)
 
-    def _won(self, stored: LeaseRecord) -> Attempt:
+    def _won(self, stored: LeaseRecord, sent: float) -> Attempt:
         self._observe(stored)
-        self._renewed_at = self.monotonic()
+        self._renewed_at = sent
         return Attempt.HELD
 
     # -- the loop ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +35,10 @@ class Replica(Protocol):
 
     def set_leading(self, leading: bool, *, leader: str = "") -> None:
         """Serve the verbs (leading) or refuse them naming `leader`."""
+        ...
+
+    def bind_only_until(self, until: Callable[[], float]) -> None:
+        """Let binds run only until `until()` (monotonic): the end of the lease's renew deadline."""
         ...
 
     def leader_seen(self, holder: str) -> None:
@@ -98,6 +103,7 @@ def start_leader_election(s: ExtenderSettings, service: Replica, api: CoreApi) -
         on_stopped=stopped,
         on_holder=service.leader_seen,
     )
+    service.bind_only_until(elector.valid_until)
     service.set_leading(False)
     label(False)  # a label left by an earlier run of this pod (labels outlive container restarts)
     log.info("leader election: standing by", extra={"identity": identity, "lease": s.leader_elect_resource_name})

@@ -92,6 +92,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         bind_grace_s=s.bind_grace_seconds,
         relearn_interval_s=s.relearn_interval_seconds,
         max_node_names=s.max_node_names,
+        bind_timeout_s=s.bind_timeout_seconds,
     )
     lock = threading.RLock()
     if s.source == "file":

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler_extender import schema
-from scheduler_extender.bind import BindVerb
+from scheduler_extender.bind import DEFAULT_HTTP_TIMEOUT_S, BindVerb
 from scheduler_extender.binder import Binder
 from scheduler_extender.learning import Learning, seed_candidates
 from scheduler_extender.metrics import ExtenderMetrics
@@ -41,6 +42,7 @@ class ServiceOptions:
     defaults: RequestDefaults = RequestDefaults()
     narrow_filter: bool = False
     bind_grace_s: float = 30.0
+    bind_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S  # kube-scheduler's extender httpTimeout (scheduler_extender.bind)
     # Arriving pods reach learning policies (fragaware) at most this often once they have a first picture
     # (scheduler_extender.learning): each relearn costs ~0.5 s a pod shape at 5,000 nodes, on the request path.
     relearn_interval_s: float = 60.0
@@ -94,7 +96,11 @@ class ExtenderService:
             recent=self.recent,
             parse=self._parse,
             metrics=self.metrics,
+            timeout_s=options.bind_timeout_s,
+            lease_until=lambda: self._lease_until(),
         )
+        # With leader election: until when this replica may still bind (LeaderElector.valid_until).
+        self._lease_until: Callable[[], float] = lambda: math.inf
         self.ready = threading.Event()
         # Set while this replica may serve the verbs: always without leader election; with it, only while it leads
         # (scheduler_extender.leadership drives it through set_leading). `leader` names the holder for refusals.
@@ -246,6 +252,10 @@ class ExtenderService:
             self.leading.set()
         else:
             self.leading.clear()
+
+    def bind_only_until(self, until: Callable[[], float]) -> None:
+        """Binds end (their apiserver calls stop) by `until()`: the lease's renew deadline."""
+        self._lease_until = until
 
     def leader_seen(self, holder: str) -> None:
         """The current holder of the lease, named in a standby's refusals."""

@@ -80,6 +80,13 @@ class ExtenderSettings(BaseModel):
     bind_grace_seconds: float = Field(
         default=30.0, gt=0, description="how long an assignment without a Binding keeps its slices reserved"
     )
+    bind_timeout_seconds: float = Field(
+        default=5.0,
+        ge=1,
+        le=600,
+        description="kube-scheduler's extender httpTimeout (5 s when unset there): /bind answers, bound or rolled "
+        "back, within it",
+    )
     relearn_interval_seconds: float = Field(
         default=60.0, gt=0, description="how often arriving pods are fed to a learning policy (fragaware)"
     )

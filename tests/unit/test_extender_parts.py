@@ -9,7 +9,7 @@ import datetime as dt
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import pytest
@@ -341,6 +341,9 @@ class RecordingReplica:
 
     def leader_seen(self, holder: str) -> None:
         self.calls.append(("leader seen", holder))
+
+    def bind_only_until(self, until: Callable[[], float]) -> None:
+        self.until = until  # the lease's end for binds; not a call the assertions below follow
 
     def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
         self.calls.append(("seed", [p["metadata"]["name"] for p in pods]))

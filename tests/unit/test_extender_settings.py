@@ -278,6 +278,7 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
     ),
     "priority_mapping": ("minmax", FILE, lambda r: r.build()[0].planner.config.priority_mapping, "minmax"),
     "bind_grace_seconds": ("12.5", FILE, lambda r: r.build()[0].options.bind_grace_s, 12.5),
+    "bind_timeout_seconds": ("9", FILE, lambda r: r.build()[0]._bind.timeout_s, 9.0),
     "relearn_interval_seconds": ("7", FILE, lambda r: r.build()[0].options.relearn_interval_s, 7.0),
     "requeue_max_pods": ("3", KUBE, lambda r: r.build()[0].requeuer.max_pods, 3),
     "requeue_interval_seconds": ("4.5", KUBE, lambda r: r.build()[0].requeuer.interval_s, 4.5),

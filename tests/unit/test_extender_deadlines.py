@@ -1,0 +1,203 @@
+"""Deadlines on the extender's apiserver calls: /bind answers (bound or rolled back) inside kube-scheduler's
+httpTimeout however slow the apiserver is, a leader stops binding at its renew deadline, and KubeBinder's calls
+carry the remaining time and the pod's resourceVersion to a real (local) HTTP server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from scheduler_extender import deadline
+from scheduler_extender.kube import KubeBinder
+from scheduler_extender.leader import LeaderElector, LeaseRecord
+from scheduler_extender.service import ExtenderService, ServiceOptions
+from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
+from vgpu import annotations as ann
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+
+_ONE = Assignment("a", (ContainerAssignment("c", (DeviceSlice("GPU-a-0", 0, 1024, 50),)),))
+
+
+def test_remaining_is_the_earlier_of_the_deadline_and_the_default() -> None:
+    assert deadline.remaining(7.0) == 7.0  # no deadline: the call's own default
+    now = time.monotonic()
+    with deadline.within(now + 2.0):
+        assert 1.5 < deadline.remaining(7.0) <= 2.0
+        assert deadline.remaining(0.5) == 0.5
+        with deadline.within(now + 60):  # an inner, later deadline does not extend the outer one
+            assert deadline.remaining(7.0) <= 2.0
+    with deadline.within(now - 1), pytest.raises(deadline.DeadlineExceeded, match="was not made"):
+        deadline.remaining(7.0)
+    assert deadline.current() is None
+
+
+class SlowBinder(FakeBinder):
+    """An apiserver that takes `delay_s` to answer the assignment PATCH: the call gives up when its deadline says
+    so, as urllib3's read timeout does."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.timeouts: list[float] = []
+
+    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        timeout = deadline.remaining(60.0)
+        self.timeouts.append(timeout)
+        if self.delay_s > timeout:
+            time.sleep(timeout)
+            raise TimeoutError(f"read timed out (read timeout={timeout:.2f})")
+        time.sleep(self.delay_s)
+        super().write_assignment(namespace=namespace, name=name, uid=uid, assignment=assignment)
+
+
+def test_a_bind_behind_a_slow_patch_rolls_back_inside_the_http_timeout_and_a_retry_is_not_in_progress() -> None:
+    binder = SlowBinder(delay_s=25.0)  # the issue's apiserver: a PATCH answered after 25 s
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=1.0))
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    started = time.monotonic()
+    error = _bind(svc, pod, "a")
+    took = time.monotonic() - started
+    assert took < 1.0 - 0.2, f"answered after {took:.2f} s; kube-scheduler gives up at 1 s"
+    assert "did not answer within this bind's deadline" in error
+    assert len(svc.reservations) == 0 and "ns/p" not in svc.state.assignments  # rolled back, slices free
+    assert binder.failed == ["ns/p"]  # the (possibly late) write is marked failed
+    assert binder.timeouts and max(binder.timeouts) <= 1.0 - 0.25 - 0.2 + 0.01  # answer margin + rollback budget
+    binder.delay_s = 0.0  # the apiserver recovers: the retry binds, nothing "already in progress"
+    assert _bind(svc, pod, "a") == ""
+    assert "ns/p" in svc.state.assignments and len(svc.reservations) == 0
+
+
+def test_a_replica_past_its_lease_refuses_binds_with_nothing_reserved() -> None:
+    binder = FakeBinder()
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=5.0))
+    svc.bind_only_until(lambda: time.monotonic() - 0.01)
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    assert "lease ends before a bind could finish" in _bind(svc, pod, "a")
+    assert len(svc.reservations) == 0 and not svc.state.assignments and not binder.written
+
+
+def test_a_bind_stops_its_calls_at_the_lease_end_not_at_the_http_timeout() -> None:
+    binder = SlowBinder(delay_s=25.0)
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=5.0))
+    lease_end = time.monotonic() + 0.4
+    svc.bind_only_until(lambda: lease_end)
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    _bind(svc, pod, "a")
+    assert time.monotonic() < lease_end + 1.0 + 0.1  # the calls ended at the lease end, the rollback after
+    assert binder.timeouts[0] <= 0.4 and len(svc.reservations) == 0
+
+
+class ClockStore:
+    """A LeaseStore whose update takes `rtt` on the elector's fake monotonic clock."""
+
+    def __init__(self, clock: list[float], rtt: float) -> None:
+        self.clock, self.rtt = clock, rtt
+        self.record: LeaseRecord | None = None
+
+    def get(self) -> LeaseRecord | None:
+        return self.record
+
+    def create(self, record: LeaseRecord) -> LeaseRecord:
+        self.clock[0] += self.rtt
+        self.record = record
+        return record
+
+    def update(self, record: LeaseRecord) -> LeaseRecord:
+        return self.create(record)
+
+
+def test_valid_until_counts_from_when_the_renewal_was_sent() -> None:
+    clock = [100.0]
+    elector = LeaderElector(
+        ClockStore(clock, rtt=3.0), "me", lease_s=15, renew_deadline_s=10, retry_s=2, monotonic=lambda: clock[0]
+    )
+    assert elector.valid_until() == float("-inf")
+    assert elector.step() and elector.leading.is_set()
+    # sent at 100, answered at 103: a standby cannot take over before 100 + 15; binds stop at 100 + 10
+    assert elector.valid_until() == 110.0
+    clock[0] = 112.0
+    elector.store = _Down()  # type: ignore[assignment]
+    assert not elector.step() and not elector.leading.is_set()  # past the renew deadline: leadership lost
+
+
+class _Down:
+    def get(self) -> LeaseRecord | None:
+        raise TimeoutError("apiserver away")
+
+
+# -- KubeBinder against a real HTTP server ---------------------------------------------------------------------
+
+
+class _Apiserver(BaseHTTPRequestHandler):
+    """Just enough of the pods API: GET answers a pod at resourceVersion 7, PATCH waits `patch_delay_s`."""
+
+    patch_delay_s = 0.0
+    seen: list[tuple[str, str, dict[str, Any]]] = []
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.seen.append(("GET", self.path, {}))
+        self._send(200, {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}})
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(("PATCH", self.path, body))
+        time.sleep(self.patch_delay_s)
+        with contextlib.suppress(OSError):  # the client gave up
+            self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append(("POST", self.path, body))
+        self._send(201, {"kind": "Status", "status": "Success"})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def apiserver() -> Iterator[tuple[KubeBinder, type[_Apiserver]]]:
+    handler = type("Handler", (_Apiserver,), {"seen": [], "patch_delay_s": 0.0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conf = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+    yield KubeBinder(client.CoreV1Api(client.ApiClient(conf))), handler
+    server.shutdown()
+
+
+def test_kube_binder_writes_are_conditional_on_the_version_read(apiserver: tuple[KubeBinder, Any]) -> None:
+    binder, handler = apiserver
+    assert binder.get_pod(namespace="ns", name="p") is not None
+    binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)
+    binder.bind(namespace="ns", name="p", uid="u1", node="a")
+    (_, _, patch), (_, _, binding) = [s for s in handler.seen if s[0] != "GET"]
+    assert patch["metadata"]["resourceVersion"] == "7" and patch["metadata"]["uid"] == "u1"
+    assert patch["metadata"]["annotations"][ann.POD_BIND_PHASE] == ann.BindPhase.ALLOCATING.value
+    assert binding["metadata"]["resourceVersion"] == "8"  # the version the PATCH left: a late Binding gets 409
+
+
+def test_kube_binder_calls_end_at_the_deadline(apiserver: tuple[KubeBinder, Any]) -> None:
+    binder, handler = apiserver
+    handler.patch_delay_s = 5.0
+    started = time.monotonic()
+    with deadline.within(started + 0.5), pytest.raises(Exception, match=r"(?i)timed? ?out"):
+        binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)
+    assert time.monotonic() - started < 1.5
