@@ -18,6 +18,7 @@ from vgpu import annotations as ann
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.placement import registry
+from vgpu.podshape import PodShapeError, check_pod_shape
 from vgpu.requests import parse_pod_request
 from vgpu.roles import detect_role
 from webhook.advice import pod_warnings
@@ -82,6 +83,10 @@ def decide(
     pod = request.object
     if request.operation != "CREATE" or request.kind.kind != "Pod" or not isinstance(pod, Mapping):
         return Outcome(allowed=True)
+    try:
+        check_pod_shape(pod, "object")  # the parsers below assume core/v1 types: name the field that has another
+    except PodShapeError as exc:
+        return deny(f"invalid Pod: {exc}")
     try:
         pod_request = parse_pod_request(pod, settings.names, settings.defaults)
     except RequestError as exc:

@@ -84,6 +84,15 @@ class WebhookConfig(BaseModel):
     # logging
     log_format: LogFormat = Field(default="text", description="text, or json for one object per line")
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        description="largest AdmissionReview accepted, 64 KiB..256 MiB; a longer one is refused with 413 while it "
+        "streams in (the apiserver sends at most two 3 MiB pods: object and oldObject)",
+    )
+    request_read_timeout_seconds: float = Field(
+        default=10.0, description="a request must arrive whole within this long, or its connection is closed; 0.1..300"
+    )
+    max_connections: int = Field(default=1000, description="open connections served at once; beyond them 503")
 
     def resource_names(self) -> ResourceNames:
         return ResourceNames(
@@ -152,6 +161,17 @@ def problems(cfg: WebhookConfig) -> list[Problem]:
         )
     if cfg.max_gpu_memory_mib < 0 or cfg.max_gpus_per_node < 0:
         out.append(("", "max_gpu_memory_mib and max_gpus_per_node must not be negative"))
+    if not 64 * 1024 <= cfg.max_body_bytes <= 256 * 1024 * 1024:
+        out.append(("max_body_bytes", f"max_body_bytes: {cfg.max_body_bytes} is outside 65536..268435456"))
+    if not 0.1 <= cfg.request_read_timeout_seconds <= 300:
+        out.append(
+            (
+                "request_read_timeout_seconds",
+                f"request_read_timeout_seconds: {cfg.request_read_timeout_seconds} is outside 0.1..300",
+            )
+        )
+    if cfg.max_connections < 1:
+        out.append(("max_connections", f"max_connections: {cfg.max_connections} must be at least 1"))
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         out.append(("log_level", f"log_level: {cfg.log_level!r} must be debug, info, warning or error"))
     return out

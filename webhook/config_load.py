@@ -20,6 +20,11 @@ ENV_PREFIX = "VGPU_WEBHOOK_"
 # YAML section -> {file key -> flat field}.
 FILE_SECTIONS: dict[str, dict[str, str]] = {
     "listen": {"host": "host", "port": "port"},
+    "limits": {
+        "maxBodyBytes": "max_body_bytes",
+        "requestReadTimeoutSeconds": "request_read_timeout_seconds",
+        "maxConnections": "max_connections",
+    },
     "tls": {"certFile": "cert_file", "keyFile": "key_file", "reloadIntervalSeconds": "cert_reload_interval"},
     "scheduler": {"name": "scheduler_name", "overrideDefaultScheduler": "override_default_scheduler"},
     "mutation": {"applyDefaultCount": "apply_default_count", "stripStaleAnnotations": "strip_stale_annotations"},

@@ -77,7 +77,14 @@ def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: Colle
     StateCollector(cert_not_after=lambda: tls.not_after, inventory=inventory.summary, registry=registry)
     reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics)
     tls.start(cfg.cert_reload_interval)
-    return TlsServer(create_app(reviewer), tls, host=cfg.host, port=cfg.port)
+    return TlsServer(
+        create_app(reviewer, max_body=cfg.max_body_bytes),
+        tls,
+        host=cfg.host,
+        port=cfg.port,
+        read_timeout_s=cfg.request_read_timeout_seconds,
+        max_connections=cfg.max_connections,
+    )
 
 
 def _missing_certificate(cfg: WebhookConfig) -> str | None:

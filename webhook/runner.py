@@ -14,6 +14,7 @@ import time
 import uvicorn
 from starlette.applications import Starlette
 
+from webhook.http_guard import MAX_CONNECTIONS, READ_TIMEOUT_S, guarded_protocol
 from webhook.tls import ReloadingTls
 
 
@@ -28,7 +29,16 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class TlsServer:
-    def __init__(self, app: Starlette, tls: ReloadingTls, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        tls: ReloadingTls,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.tls = tls
         self.sock = bind(host, port)
         self.port: int = self.sock.getsockname()[1]
@@ -39,6 +49,11 @@ class TlsServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            # Connection bounds (webhook.http_guard; uvicorn 0.54 uvicorn/config.py `Config`): a deadline on reading
+            # each request, the keep-alive timeout between requests, a cap on open connections (503 beyond it).
+            http=guarded_protocol(read_timeout_s),
+            timeout_keep_alive=5,
+            limit_concurrency=max_connections,
         )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -4,7 +4,10 @@ Handlers only translate: bytes -> AdmissionReview -> `admission.decide` -> respo
 that is an AdmissionReview gets HTTP 200 with a valid response — an unexpected exception becomes a
 denial with status code 500, never an HTTP 5xx (which the apiserver would count as a webhook failure
 and resolve by `failurePolicy` with a far less helpful message). Only bodies that are not an
-AdmissionReview v1 get HTTP 400.
+AdmissionReview v1 get HTTP 400, and bodies over `max_body` (max_body_bytes) HTTP 413 as soon as they pass it
+while streaming in, unread beyond that. Reviews run on worker threads, so /healthz, /readyz and /metrics answer
+while a large review is parsed; a pod whose fields have the wrong JSON types is denied naming the field
+(vgpu.podshape), never with an internal error.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -27,6 +31,26 @@ from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionReview
 
 log = logging.getLogger(__name__)
+# The apiserver refuses request bodies over 3 MiB (k8s.io/apiserver pkg/server/config.go, NewConfig:
+# MaxRequestBodyBytes: int64(3 * 1024 * 1024)), so a review carries at most two such pods (object, oldObject).
+MAX_BODY = 8 * 1024 * 1024
+
+
+class TooLarge(Exception):
+    """The body passed the cap while streaming in (-> HTTP 413)."""
+
+
+async def read_capped(request: Request, cap: int) -> bytes:
+    """The body, read chunk by chunk; TooLarge as soon as it passes `cap` (or its Content-Length says it will)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise TooLarge(f"AdmissionReview of {int(declared)} bytes; at most {cap} allowed (max_body_bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise TooLarge(f"AdmissionReview over {cap} bytes; at most {cap} allowed (max_body_bytes)")
+    return bytes(body)
 
 
 class Reviewer:
@@ -41,8 +65,8 @@ class Reviewer:
         endpoint = "mutate" if mutating else "validate"
         start = time.perf_counter()
         try:
-            review = AdmissionReview.model_validate(orjson.loads(body))
-        except (orjson.JSONDecodeError, ValidationError, TypeError) as exc:
+            review = AdmissionReview.model_validate_json(body)
+        except (ValidationError, TypeError, ValueError) as exc:
             self.metrics.bad_requests.inc()
             return 400, f"not an admission.k8s.io/v1 AdmissionReview: {_first_line(exc)}".encode()
         request = review.request
@@ -68,6 +92,10 @@ class Reviewer:
 
 
 def _first_line(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):  # each problem with its field path, a few at most
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors()[:3])[
+            :2048
+        ]
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
@@ -99,14 +127,24 @@ def _log(endpoint: str, pod: Any, namespace: str, outcome: Outcome) -> None:
     )
 
 
-def create_app(reviewer: Reviewer) -> Starlette:
+def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY) -> Starlette:
+    async def review(request: Request, *, mutating: bool) -> Response:
+        try:
+            body = await read_capped(request, max_body)
+        except TooLarge as exc:
+            reviewer.metrics.bad_requests.inc()
+            log.warning("%s", exc)
+            return PlainTextResponse(str(exc), status_code=413)
+        except ClientDisconnect:  # gone, or cut by the read deadline (webhook.http_guard)
+            return Response(status_code=400)
+        status, out = await run_in_threadpool(reviewer.handle, body, mutating=mutating)
+        return Response(out, status, media_type="application/json" if status == 200 else "text/plain")
+
     async def mutate(request: Request) -> Response:
-        status, body = reviewer.handle(await request.body(), mutating=True)
-        return Response(body, status, media_type="application/json" if status == 200 else "text/plain")
+        return await review(request, mutating=True)
 
     async def validate(request: Request) -> Response:
-        status, body = reviewer.handle(await request.body(), mutating=False)
-        return Response(body, status, media_type="application/json" if status == 200 else "text/plain")
+        return await review(request, mutating=False)
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
@@ -119,7 +157,7 @@ def create_app(reviewer: Reviewer) -> Starlette:
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(reviewer.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/mutate", mutate, methods=["POST"]),
             Route("/validate", validate, methods=["POST"]),
@@ -128,3 +166,5 @@ def create_app(reviewer: Reviewer) -> Starlette:
             Route("/metrics", metrics, methods=["GET"]),
         ]
     )
+    app.state.max_body = max_body
+    return app

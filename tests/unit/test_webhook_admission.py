@@ -157,13 +157,36 @@ def test_a_vgpu_pod_naming_a_policy_it_may_not_use_is_denied(
     [
         {"vgpu.io/node-policy": "spread", "vgpu.io/gpu-policy": "binpack"},
         {"vgpu.io/node-policy": "default"},
-        {"vgpu.io/node-policy": 7, "vgpu.io/gpu-policy": ["x"]},  # not strings: not ours to read, as before
         {},
     ],
 )
 def test_production_policies_and_absent_annotations_are_admitted(annotations: dict[str, Any]) -> None:
     pod = _with_annotations(annotations, **{"nvidia.com/gpu": "1"})
     assert decide(_request(pod), Settings(), None).allowed
+
+
+@pytest.mark.parametrize(
+    ("pod", "path"),
+    [
+        (
+            {"metadata": {"annotations": {"vgpu.io/node-policy": 7}}},
+            "object.metadata.annotations['vgpu.io/node-policy']",
+        ),
+        ({"metadata": []}, "object.metadata"),
+        ({"spec": {"containers": {}}}, "object.spec.containers"),
+        ({"spec": {"containers": ["x"]}}, "object.spec.containers[0]"),
+        ({"spec": {"containers": [{"resources": {"limits": []}}]}}, "object.spec.containers[0].resources.limits"),
+        ({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": {}}}}]}}, "object.spec.containers[0]"),
+        ({"spec": {"containers": [{"args": [1]}]}}, "object.spec.containers[0].args[0]"),
+        ({"metadata": {"labels": {"a": None}}}, "object.metadata.labels['a']"),
+        ({"status": {"phase": 3}}, "object.status.phase"),
+    ],
+)
+def test_a_pod_with_a_field_of_the_wrong_type_is_denied_naming_it(pod: dict[str, Any], path: str) -> None:
+    """core/v1 would never decode such a pod; the parsers must not meet it (an AttributeError was a 500 denial)."""
+    got = decide(_request(pod), Settings(), None)
+    assert not got.allowed and got.code == 400 and got.kind == "denied"
+    assert got.message.startswith(f"invalid Pod: {path}")
 
 
 def test_a_pod_without_vgpus_is_not_checked() -> None:
