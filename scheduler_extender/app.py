@@ -140,7 +140,9 @@ def create_app(
     ]
     if probes:
         routes += _probe_routes(service)
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    app.state.max_body = max_body
+    return app
 
 
 def create_health_app(service: ExtenderService) -> Starlette:
