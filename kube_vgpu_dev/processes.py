@@ -1,0 +1,145 @@
+"""Child processes for the harness: each in its own process group, logged to a file, gone with its parent."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane process failed to build, start or become ready. The message has the log tails."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):  # pragma: no cover
+    _prctl = None
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """SIGKILL the child when the thread that started it exits, so a killed test run leaves nothing behind."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def http_ok(url: str, ctx: ssl.SSLContext | None = None, expect: bytes | None = None) -> bool:
+    """Whether GET *url* answers 200 (with *expect* in the body, spaces ignored, when given)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+            body: bytes = r.read()
+            return r.status == 200 and (expect is None or expect in body.replace(b" ", b""))
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def insecure_tls() -> ssl.SSLContext:
+    """A TLS context that checks nothing: for probing a component's self-signed /readyz."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging stdout+stderr to *log_path*."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log.write(("$ " + " ".join(self.argv) + "\n").encode())
+        self._log.flush()
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        self.pid = self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def group_alive(self) -> bool:
+        """Whether any process of this process group (the child or anything it started) still exists."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group, wait up to *timeout* s, then SIGKILL it. Returns the exit code."""
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            if not self.group_alive():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if self.popen.poll() is not None and not self.group_alive():
+                    break
+                time.sleep(0.05)
+        code = self.popen.poll()
+        if code is None:
+            code = self.popen.wait(timeout=5)
+        self._log.close()
+        return code
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
+        """Poll *ready* until it holds; ControlPlaneError with the log tail if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ControlPlaneError(
+                    f"{what} exited with code {self.popen.returncode} before it was ready:\n{self.tail()}"
+                )
+            if ready():
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(f"{what} not ready after {timeout}s:\n{self.tail()}")
