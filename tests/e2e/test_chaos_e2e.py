@@ -1,0 +1,391 @@
+"""Chaos against the real control plane: the extender reaches kube-apiserver only through tests/e2e/chaos_proxy.py,
+which slows its PATCHes past kube-scheduler's httpTimeout, answers bursts of 429/500 and cuts its watches; etcd is
+restarted and the extender killed mid-burst. After each fault the invariants are checked on what the apiserver
+holds: no GPU over-committed (the bound pods' assignments per GPU within memory, cores and split), no pod left with
+a stale reservation (unbound, phase allocating, past the grace), every pod scheduled or reported unschedulable.
+One summary line per fault is printed (pytest -s, or the CI log): pods scheduled, over-commits, stale
+reservations, time to recover after the fault ended.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import concurrent.futures
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.e2e.chaos_proxy import ChaosProxy
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.vgpu_stack import (
+    BIND_GRACE_S,
+    GPU_MEM,
+    SCHEDULER,
+    SPLIT,
+    Extender,
+    gpu_nodes,
+    lease_rbac,
+    scheduler_config,
+)
+from vgpu import annotations as ann
+
+HTTP_TIMEOUT_S = 5.0  # the shipped profile's httpTimeout (deploy/scheduler/kube-scheduler-config.yaml)
+PODS = 20  # per fault, on 3 nodes x 2 GPUs at 25 %: 24 slots, so every pod fits once the fault is gone
+
+
+def _behind_proxy(cp: ControlPlane, ext: Extender) -> ChaosProxy:
+    """Point the extender's kubeconfig at a new proxy that forwards with the extender's own client certificate."""
+    doc = yaml.safe_load(ext.kubeconfig.read_text())
+    user = doc["users"][0]["user"]
+    cert, key = cp.workdir / f"{ext.name}-proxy-client.crt", cp.workdir / f"{ext.name}-proxy-client.key"
+    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+    key.write_bytes(base64.b64decode(user["client-key-data"]))
+    key.chmod(0o600)
+    proxy = ChaosProxy(
+        cp.server,
+        ca_file=cp.ca_file,
+        client_cert=cert,
+        client_key=key,
+        serving=cp.issue_server_cert(f"{ext.name}-proxy"),
+    ).start()
+    doc["clusters"][0]["cluster"]["server"] = proxy.url
+    ext.kubeconfig.write_text(yaml.safe_dump(doc))
+    return proxy
+
+
+@pytest.fixture(scope="module")
+def stack(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender, ChaosProxy]]:
+    ext = Extender(control_plane, name="vgpu-extender-chaos")
+    proxy = _behind_proxy(control_plane, ext)
+    ext.start()
+    control_plane.start_scheduler(scheduler_config(control_plane, ext))
+    try:
+        yield control_plane, ext, proxy
+    finally:
+        control_plane.stop_scheduler()
+        if ext.proc is not None:
+            control_plane.stop_process(ext.proc)
+        proxy.stop()
+
+
+def _pod(name: str, selector: dict[str, str], scheduler: str = SCHEDULER) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25", "nvidia.com/gpucores": "25"}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": selector,
+            "containers": [{"name": "c", "image": "vllm/vllm-openai:latest", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def _create(core: client.CoreV1Api, namespace: str, selector: dict[str, str], prefix: str) -> list[str]:
+    names = [f"{prefix}-{i:02d}" for i in range(PODS)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: core.create_namespaced_pod(namespace, _pod(n, selector)), names))
+    return names
+
+
+def _bound(core: client.CoreV1Api, namespace: str, names: list[str]) -> int:
+    return sum(1 for p in core.list_namespaced_pod(namespace).items if p.metadata.name in names and p.spec.node_name)
+
+
+def _settle(core: client.CoreV1Api, namespace: str, names: list[str], timeout: float) -> tuple[dict[str, Any], float]:
+    """Wait until every pod is bound (each fits once the fault is gone), at most `timeout`; returns the pods and when
+    (monotonic) the last one was bound. What is still pending then fails the fault's assertions, with its figures."""
+    started = time.monotonic()
+    last: tuple[frozenset[str], float] = (frozenset(), started)
+    while True:
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.metadata.name in names}
+        bound = frozenset(n for n, p in pods.items() if p.spec.node_name)
+        now = time.monotonic()
+        if bound != last[0]:
+            last = (bound, now)
+        if len(bound) == len(names) or now - started > timeout:
+            return pods, last[1]
+        time.sleep(0.25)
+
+
+def _nodes(core: client.CoreV1Api, selector: dict[str, str]) -> list[str]:
+    group = selector["kube-vgpu.e2e/group"]
+    return sorted(
+        n.metadata.name for n in core.list_node().items if (n.metadata.labels or {}).get("kube-vgpu.e2e/group") == group
+    )
+
+
+def _invariants(pods: dict[str, Any]) -> dict[str, int]:
+    """What the apiserver holds: per-GPU sums of the bound pods' assignments; unbound pods still allocating."""
+    per_gpu: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    now = time.time()
+    stale = []
+    for name, p in pods.items():
+        a = p.metadata.annotations or {}
+        if p.spec.node_name:
+            assert a.get(ann.POD_ASSIGNMENT), f"{name} bound without an assignment"
+            assignment = ann.decode_assignment(a[ann.POD_ASSIGNMENT])
+            assert assignment.node == p.spec.node_name, f"{name}: assignment on {assignment.node}, bound elsewhere"
+            for d in assignment.slices():
+                g = per_gpu[d.uuid]
+                g[0], g[1], g[2] = g[0] + d.memory_mib, g[1] + d.cores, g[2] + 1
+        elif (
+            a.get(ann.POD_BIND_PHASE) == ann.BindPhase.ALLOCATING.value
+            and now - float(a.get(ann.POD_BIND_TIME) or 0) > BIND_GRACE_S
+        ):
+            stale.append(name)
+    over = [u for u, (mem, cores, n) in per_gpu.items() if mem > GPU_MEM or cores > 100 or n > SPLIT]
+    return {"bound": sum(1 for p in pods.values() if p.spec.node_name), "over": len(over), "stale": len(stale)}
+
+
+def _report(fault: str, pods: dict[str, Any], healed: float, settled: float) -> dict[str, int]:
+    stats = _invariants(pods)
+    print(
+        f"\nCHAOS {fault}: {stats['bound']}/{len(pods)} pods scheduled, over-commits {stats['over']}, "
+        f"stale reservations {stats['stale']}, recovered {max(0.0, settled - healed):.1f} s after the fault ended"
+    )
+    assert stats["over"] == 0 and stats["stale"] == 0, stats
+    assert stats["bound"] == len(pods), f"{fault}: only {stats['bound']} of {len(pods)} scheduled"
+    return stats
+
+
+def _group(cp: ControlPlane, tag: str) -> dict[str, str]:
+    return gpu_nodes(cp, f"{tag}-{uuid.uuid4().hex[:5]}", 3, 2)
+
+
+def test_slow_patch_bind_rolls_back_inside_the_http_timeout(
+    stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str
+) -> None:
+    cp, ext, proxy = stack
+    core = client.CoreV1Api(cp.api_client())
+    selector = _group(cp, "slow")
+    # The issue's case first, by hand: /bind of one pod while its PATCH takes longer than the httpTimeout.
+    core.create_namespaced_pod(namespace, _pod("by-hand", selector, scheduler="nobody"))
+    uid = core.read_namespaced_pod("by-hand", namespace).metadata.uid
+    node = _nodes(core, selector)[0]
+    args = {"PodName": "by-hand", "PodNamespace": namespace, "PodUID": uid, "Node": node}
+    proxy.delay("PATCH", 8.0, "/pods/")
+    t0 = time.monotonic()
+    error = ext.post("/bind", args)["Error"]
+    took = time.monotonic() - t0
+    assert took < HTTP_TIMEOUT_S, f"/bind answered after {took:.2f} s"
+    assert "deadline" in error, error
+    proxy.heal()
+    time.sleep(8.5)  # the delayed PATCHes land now, after the bind gave up (the assignment's; its undo then gets 409)
+    # kube-scheduler retries as a new cycle: /filter first, which drops the pod's own unbound reservation.
+    body = core.api_client.sanitize_for_serialization(core.read_namespaced_pod("by-hand", namespace))
+    assert node in (ext.post("/filter", {"Pod": body, "NodeNames": [node]}).get("NodeNames") or [])
+    retry = ext.post("/bind", args)["Error"]
+    assert retry == "", retry  # not "already in progress", not "holds a live assignment"
+    print(f"\nslow PATCH (8 s): /bind rolled back in {took:.2f} s (httpTimeout {HTTP_TIMEOUT_S:g} s); the retry bound")
+    # Then a burst of pods through kube-scheduler under the same fault for 10 s.
+    proxy.delay("PATCH", 6.0, "/pods/")
+    names = _create(core, namespace, selector, "slow")
+    time.sleep(10)
+    proxy.heal()
+    healed = time.monotonic()
+    pods, settled = _settle(core, namespace, names, timeout=90)
+    _report("slow PATCH 6 s > httpTimeout", pods, healed, settled)
+
+
+def test_429_and_500_bursts(stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str) -> None:
+    cp, _ext, proxy = stack
+    core = client.CoreV1Api(cp.api_client())
+    selector = _group(cp, "burst")
+    proxy.fail(429, 25)
+    proxy.fail(500, 25)
+    names = _create(core, namespace, selector, "err")
+    deadline = time.monotonic() + 30
+    while proxy.count("answered 429") + proxy.count("answered 500") < 50 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    injected = proxy.count("answered 429") + proxy.count("answered 500")
+    proxy.heal()
+    healed = time.monotonic()
+    pods, settled = _settle(core, namespace, names, timeout=90)
+    _report(f"429/500 bursts ({injected} answered)", pods, healed, settled)
+
+
+def test_dropped_watches(stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str) -> None:
+    cp, _ext, proxy = stack
+    core = client.CoreV1Api(cp.api_client())
+    selector = _group(cp, "watch")
+    before = proxy.count("watches")
+    names = _create(core, namespace, selector, "w")
+    dropped = 0
+    for _ in range(6):
+        dropped += proxy.drop_watches()
+        time.sleep(1)
+    healed = time.monotonic()
+    pods, settled = _settle(core, namespace, names, timeout=90)
+    assert proxy.count("watches") > before, "the extender never re-established its watches"
+    _report(f"dropped watches ({dropped} cut)", pods, healed, settled)
+
+
+def test_etcd_restarted(stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str) -> None:
+    cp, _ext, _proxy = stack
+    core = client.CoreV1Api(cp.api_client())
+    selector = _group(cp, "etcd")
+    names = _create(core, namespace, selector, "e")
+    deadline = time.monotonic() + 30
+    while _bound(core, namespace, names) < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    etcd = next(p for p in cp.processes if p.name.startswith("etcd") and p.alive())
+    argv = etcd.argv
+    cp.stop_process(etcd)
+    time.sleep(2)
+    cp.spawn(f"etcd-{uuid.uuid4().hex[:4]}", argv)
+    healed = time.monotonic()
+    pods, settled = _settle(core, namespace, names, timeout=120)
+    _report("etcd restarted (2 s down)", pods, healed, settled)
+
+
+def test_extender_killed_during_a_burst(stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str) -> None:
+    cp, ext, _proxy = stack
+    core = client.CoreV1Api(cp.api_client())
+    selector = _group(cp, "kill")
+    names = _create(core, namespace, selector, "k")
+    deadline = time.monotonic() + 30
+    while _bound(core, namespace, names) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ext.kill()
+    time.sleep(1)
+    ext.start()
+    healed = time.monotonic()
+    pods, settled = _settle(core, namespace, names, timeout=90)
+    time.sleep(1)
+    _report("extender SIGKILLed mid-burst", pods, healed, settled)
+
+
+# -- two replicas, leader election, 1 s PATCH latency, a forced handover ------------------------------------------
+
+NS = "kube-system"
+LEASE_S, RENEW_S, RETRY_S = 6.0, 4.0, 0.5
+
+
+def _log_times(path: Path, msg: str) -> list[float]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        with_json = json.loads(line)
+        if with_json.get("msg") == msg:
+            out.append(dt.datetime.fromisoformat(with_json["ts"].replace("Z", "+00:00")).timestamp())
+    return out
+
+
+def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    cp = control_plane
+    core = client.CoreV1Api(cp.api_client())
+    lease = f"vgpu-chaos-{uuid.uuid4().hex[:6]}"
+    lease_rbac(cp, lease)
+    exts, proxies = [], []
+    for name in ("a", "b"):
+        pod = f"{lease}-{name}"
+        core.create_namespaced_pod(
+            NS,
+            {
+                "metadata": {"name": pod},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "x", "image": "x"}]},
+            },
+        )
+        args = (
+            "--leader-elect",
+            f"--leader-elect-resource-name={lease}",
+            f"--leader-elect-resource-namespace={NS}",
+            f"--leader-elect-lease-duration-seconds={LEASE_S}",
+            f"--leader-elect-renew-deadline-seconds={RENEW_S}",
+            f"--leader-elect-retry-period-seconds={RETRY_S}",
+            f"--pod-name={pod}",
+            f"--pod-namespace={NS}",
+        )
+        ext = Extender(cp, name=pod, args=args)
+        proxies.append(_behind_proxy(cp, ext))
+        exts.append(ext)
+    try:
+        for e, p in zip(exts, proxies, strict=True):
+            p.delay("PATCH", 1.0, "/pods/")  # every pod PATCH of both replicas takes 1 s
+            e.start()
+        coord = client.CoordinationV1Api(cp.api_client())
+        deadline = time.monotonic() + 20
+        while not (coord.read_namespaced_lease(lease, NS).spec.holder_identity or "") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        holder = coord.read_namespaced_lease(lease, NS).spec.holder_identity
+        leader = next(i for i, e in enumerate(exts) if holder.startswith(e.name + "_"))
+        # kube-scheduler reaches whichever replica leads, as the Service selecting the leader label does: a
+        # scheduler config per replica is not possible, so each pod is bound by POSTing to both (a standby says 503).
+        selector = _group(cp, "ha")
+        names = [f"ha-{i:02d}" for i in range(PODS)]
+        for n in names:
+            core.create_namespaced_pod(namespace, _pod(n, selector, scheduler="nobody"))
+        nodes = _nodes(core, selector)
+
+        def bind(name: str) -> bool:
+            uid = core.read_namespaced_pod(name, namespace).metadata.uid
+            for node in nodes:
+                for e in exts:
+                    if e.proc is None or not e.proc.alive():
+                        continue
+                    try:
+                        if (
+                            e.post("/bind", {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": node})[
+                                "Error"
+                            ]
+                            == ""
+                        ):
+                            return True
+                    except OSError:
+                        continue
+            return False
+
+        # Force the handover: the leader's lease renewals fail from now on (its proxy answers 500 on Leases), so it
+        # must stop binding within its renew deadline, before the standby may take the lease over.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(bind, n) for n in names[: PODS // 2]]
+            time.sleep(1.5)
+            proxies[leader].fail(500, 10**9, "/leases/")
+            forced_at = time.time()
+            futures += [pool.submit(bind, n) for n in names[PODS // 2 :]]
+            concurrent.futures.wait(futures, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(core.read_namespaced_pod(n, namespace).spec.node_name or bind(n) for n in names):
+                break
+            time.sleep(1)
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.metadata.name in names}
+        old, new = exts[leader], exts[1 - leader]
+        assert old.proc is not None and new.proc is not None
+        old_binds = _log_times(old.proc.log_path, "bound")
+        new_binds = _log_times(new.proc.log_path, "bound")
+        new_leads = _log_times(new.proc.log_path, "leader election: leading")
+        assert new_leads, "the standby never took over:\n" + new.proc.tail(30)
+        last_old = max((t for t in old_binds), default=forced_at)
+        first_new = min((t for t in new_binds if t >= new_leads[-1]), default=float("nan"))
+        stats = _invariants(pods)
+        print(
+            f"\nCHAOS leader handover under 1 s PATCH latency: {stats['bound']}/{len(pods)} pods scheduled, "
+            f"over-commits {stats['over']}, stale reservations {stats['stale']}; the old leader's last bind "
+            f"{last_old - forced_at:.2f} s after renewals started failing, the new leader led "
+            f"{new_leads[-1] - forced_at:.2f} s after, first bind {first_new - forced_at:.2f} s after; "
+            f"handover window (no replica binding) {first_new - last_old:.2f} s"
+        )
+        assert stats["over"] == 0 and stats["stale"] == 0, stats
+        assert last_old < new_leads[-1], "the old leader bound after the new one took over"
+        assert last_old - forced_at <= RENEW_S + 0.5, "the old leader bound past its renew deadline"
+        assert stats["bound"] == len(pods), stats
+    finally:
+        for e in exts:
+            if e.proc is not None:
+                cp.stop_process(e.proc)
+            core.delete_namespaced_pod(e.name, NS)
+        for p in proxies:
+            p.stop()
