@@ -11,6 +11,7 @@ certificate: it carries nothing that changes or reveals allocations beyond the m
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -42,7 +43,11 @@ class TooLarge(Exception):
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+    try:
+        body = orjson.dumps(obj)
+    except TypeError:  # an integer over 64 bits echoed from a node object: the standard library writes it
+        body = json.dumps(obj, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _bad(verb: str, service: ExtenderService, message: str) -> Response:

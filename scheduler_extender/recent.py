@@ -13,6 +13,7 @@ Both books are bounded by entries and by bytes (a parse counts its annotations, 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +30,15 @@ _ENTRY_OVERHEAD = 512  # a PodInfo and its request without annotations, roughly
 
 def _digest(encoded: bytes) -> bytes:
     return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def _encode(pod: dict[str, Any]) -> bytes:
+    """The pod as canonical JSON (sorted keys). orjson stops at 64-bit integers, which JSON and a hostile body do
+    not: those pods take the standard library's slower path."""
+    try:
+        return orjson.dumps(pod, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(pod, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _info_bytes(info: PodInfo) -> int:
@@ -64,7 +74,7 @@ class RecentPods:
         uid = pod_uid(pod)
         if not uid:
             return self._parse(pod)
-        digest = _digest(orjson.dumps(pod, option=orjson.OPT_SORT_KEYS))
+        digest = _digest(_encode(pod))
         with self._lock:
             hit = self._parsed.get(uid)
         if hit is not None and hit[0] == digest:
@@ -86,7 +96,7 @@ class RecentPods:
         if not self.keep_bodies or not pod_uid(pod):
             return
         key = pod_key(pod)
-        encoded = orjson.dumps(pod)
+        encoded = _encode(pod)
         if len(encoded) > self.max_bytes:
             return
         with self._lock:
@@ -102,5 +112,5 @@ class RecentPods:
             encoded = self._bodies.get(key)
         if encoded is None:
             return None
-        pod: dict[str, Any] = orjson.loads(encoded)
+        pod: dict[str, Any] = json.loads(encoded)  # not orjson: it reads integers over 64 bits as floats
         return pod

@@ -8,6 +8,7 @@ only place that knows the response's wire rules (uid echoed, `patch` and `patchT
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -134,7 +135,11 @@ def build_response(uid: str, outcome: Outcome) -> AdmissionResponse:
     patch: str | None = None
     patch_type: Literal["JSONPatch"] | None = None
     if outcome.allowed and outcome.ops:
-        patch = base64.b64encode(orjson.dumps(list(outcome.ops))).decode("ascii")
+        try:
+            ops = orjson.dumps(list(outcome.ops))
+        except TypeError:  # a value copied from the pod holds an integer over 64 bits: the standard library writes it
+            ops = json.dumps(list(outcome.ops), separators=(",", ":")).encode()
+        patch = base64.b64encode(ops).decode("ascii")
         patch_type = "JSONPatch"
     return AdmissionResponse(
         uid=uid,
