@@ -360,7 +360,7 @@ def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
         while time.monotonic() < deadline:
             if all(core.read_namespaced_pod(n, namespace).spec.node_name or bind(n) for n in names):
                 break
-            time.sleep(1)
+            time.sleep(0.5)
         pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.metadata.name in names}
         old, new = exts[leader], exts[1 - leader]
         assert old.proc is not None and new.proc is not None
@@ -373,10 +373,10 @@ def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
         stats = _invariants(pods)
         print(
             f"\nCHAOS leader handover under 1 s PATCH latency: {stats['bound']}/{len(pods)} pods scheduled, "
-            f"over-commits {stats['over']}, stale reservations {stats['stale']}; the old leader's last bind "
-            f"{last_old - forced_at:.2f} s after renewals started failing, the new leader led "
-            f"{new_leads[-1] - forced_at:.2f} s after, first bind {first_new - forced_at:.2f} s after; "
-            f"handover window (no replica binding) {first_new - last_old:.2f} s"
+            f"over-commits {stats['over']}, stale reservations {stats['stale']}; after the leader's renewals began to "
+            f"fail: its last bind at {last_old - forced_at:.2f} s (renew deadline {RENEW_S:g} s), the standby leading "
+            f"at {new_leads[-1] - forced_at:.2f} s (lease {LEASE_S:g} s), its first bind at {first_new - forced_at:.2f} s; "
+            f"handover window (last bind of the old leader to the new one leading) {new_leads[-1] - last_old:.2f} s"
         )
         assert stats["over"] == 0 and stats["stale"] == 0, stats
         assert last_old < new_leads[-1], "the old leader bound after the new one took over"
