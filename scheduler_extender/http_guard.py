@@ -24,6 +24,7 @@ def guarded_protocol(read_timeout_s: float) -> type[H11Protocol]:
     """An H11Protocol subclass that closes a connection whose request has not arrived whole in time."""
 
     class Guarded(H11Protocol):
+        read_timeout = read_timeout_s
         _read_deadline: asyncio.TimerHandle | None = None
 
         def _arm(self) -> None:

@@ -225,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     health = _start_health_server(settings, service)
     try:
         uvicorn.run(
-            create_app(service, state=settings.enable_state, probes=health is None, max_body=settings.max_body_bytes),
+            create_app(
+                service,
+                state=settings.enable_state,
+                probes=health is None,
+                max_body=settings.max_body_bytes,
+                max_values=settings.max_json_values,
+            ),
             host=settings.address,
             port=settings.port,
             log_level="warning",

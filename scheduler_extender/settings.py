@@ -130,6 +130,12 @@ class ExtenderSettings(BaseModel):
         le=1024 * 1024 * 1024,
         description="largest request body accepted; a longer one is refused with 413 while it streams in",
     )
+    max_json_values: int = Field(
+        default=200_000,
+        ge=1000,
+        description="most JSON values in one body (commas and brackets counted): bounds parse time and memory; the "
+        "full-NodeList mode (nodeCacheCapable: false) needs ~100 per node",
+    )
     max_node_names: int = Field(
         default=15_000, ge=1, description="most nodes one /filter or /prioritize may name (Kubernetes: 5,000 nodes)"
     )

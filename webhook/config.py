@@ -89,6 +89,11 @@ class WebhookConfig(BaseModel):
         description="largest AdmissionReview accepted, 64 KiB..256 MiB; a longer one is refused with 413 while it "
         "streams in (the apiserver sends at most two 3 MiB pods: object and oldObject)",
     )
+    max_json_values: int = Field(
+        default=200_000,
+        description="most JSON values in one AdmissionReview (commas and brackets counted), at least 1000: bounds "
+        "parse time and memory",
+    )
     request_read_timeout_seconds: float = Field(
         default=10.0, description="a request must arrive whole within this long, or its connection is closed; 0.1..300"
     )
@@ -170,6 +175,8 @@ def problems(cfg: WebhookConfig) -> list[Problem]:
                 f"request_read_timeout_seconds: {cfg.request_read_timeout_seconds} is outside 0.1..300",
             )
         )
+    if cfg.max_json_values < 1000:
+        out.append(("max_json_values", f"max_json_values: {cfg.max_json_values} must be at least 1000"))
     if cfg.max_connections < 1:
         out.append(("max_connections", f"max_connections: {cfg.max_connections} must be at least 1"))
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -22,6 +22,7 @@ FILE_SECTIONS: dict[str, dict[str, str]] = {
     "listen": {"host": "host", "port": "port"},
     "limits": {
         "maxBodyBytes": "max_body_bytes",
+        "maxJsonValues": "max_json_values",
         "requestReadTimeoutSeconds": "request_read_timeout_seconds",
         "maxConnections": "max_connections",
     },

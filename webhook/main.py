@@ -78,7 +78,7 @@ def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: Colle
     reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics)
     tls.start(cfg.cert_reload_interval)
     return TlsServer(
-        create_app(reviewer, max_body=cfg.max_body_bytes),
+        create_app(reviewer, max_body=cfg.max_body_bytes, max_values=cfg.max_json_values),
         tls,
         host=cfg.host,
         port=cfg.port,

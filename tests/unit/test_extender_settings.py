@@ -308,6 +308,7 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
     ),
     "max_body_bytes": ("70000", FILE, lambda r: r.main()["app"].state.max_body, 70000),
     "max_node_names": ("99", FILE, lambda r: r.build()[0].options.max_node_names, 99),
+    "max_json_values": ("5000", FILE, lambda r: r.main()["app"].state.max_values, 5000),
     "request_read_timeout_seconds": ("2.5", FILE, lambda r: r.main()["http"].read_timeout, 2.5),
     "max_connections": ("7", FILE, lambda r: r.main()["limit_concurrency"], 7),
     "log_level": ("warning", FILE, lambda r: r.logging()[0], "warning"),

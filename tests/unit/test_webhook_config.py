@@ -228,6 +228,7 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
     "max_body_bytes": ("70000", {}, lambda r, c: r.server(c).server.config.app.state.max_body, 70000),
     "request_read_timeout_seconds": ("2.5", {}, lambda r, c: r.server(c).server.config.http.read_timeout, 2.5),
     "max_connections": ("7", {}, lambda r, c: r.server(c).server.config.limit_concurrency, 7),
+    "max_json_values": ("5000", {}, lambda r, c: r.server(c).server.config.app.state.max_values, 5000),
     "default_memory_percentage": ("40", {}, lambda r, c: Settings.from_config(c).defaults.memory_percentage, 40),
     "default_cores": ("25", {}, lambda r, c: Settings.from_config(c).defaults.cores, 25),
     "default_priority": ("0", {}, lambda r, c: Settings.from_config(c).defaults.priority, 0),
