@@ -93,9 +93,16 @@ def broken_pods(draw: st.DrawFn) -> Any:
     return put(pod, draw(st.sampled_from(POD_PATHS)), draw(json_values))
 
 
-def slow_client_closed_after(host: str, port: int, *, tls: bool, give_up_s: float) -> float | None:
-    """Send a request's headers one byte every 0.2 s; the seconds until the server closed the connection, or None
-    if it was still open after `give_up_s`."""
+SLOW_HEADERS = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 10_000
+# Complete headers, then a body that never ends.
+SLOW_BODY = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b" " * 10_000
+
+
+def slow_client_closed_after(
+    host: str, port: int, *, tls: bool, give_up_s: float, request: bytes = SLOW_HEADERS
+) -> float | None:
+    """Send `request` one byte every 0.2 s; the seconds until the server closed the connection, or None if it was
+    still open after `give_up_s`."""
     raw = socket.create_connection((host, port), timeout=give_up_s)
     conn: socket.socket = raw
     if tls:
@@ -103,9 +110,8 @@ def slow_client_closed_after(host: str, port: int, *, tls: bool, give_up_s: floa
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         conn = ctx.wrap_socket(raw)
     started = time.monotonic()
-    header = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 10_000
     try:
-        for byte in header:
+        for byte in request:
             if time.monotonic() - started > give_up_s:
                 return None
             try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from tests.integration.extender_server import running_extender
-from tests.integration.http_fuzz import gpu_pod, slow_client_closed_after
+from tests.integration.http_fuzz import SLOW_BODY, SLOW_HEADERS, gpu_pod, slow_client_closed_after
 from tests.integration.test_extender_http import CLUSTER, NODES
 from webhook import certs
 from webhook.config import WebhookConfig
@@ -151,8 +150,9 @@ def test_a_12001_character_quantity_is_refused_in_milliseconds(extender: str) ->
     assert elapsed < 0.5  # the HTTP round trip included; the parse itself is microseconds (tests/unit/test_quantity)
 
 
-def test_a_slow_client_is_cut_after_the_read_deadline_while_probes_answer(extender: str) -> None:
-    closed = slow_client_closed_after("127.0.0.1", _port(extender), tls=False, give_up_s=10)
+@pytest.mark.parametrize("request_bytes", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
+def test_a_slow_client_is_cut_after_the_read_deadline_while_probes_answer(extender: str, request_bytes: bytes) -> None:
+    closed = slow_client_closed_after("127.0.0.1", _port(extender), tls=False, give_up_s=10, request=request_bytes)
     assert closed is not None and READ_TIMEOUT_S <= closed < READ_TIMEOUT_S + 2
     started = time.perf_counter()
     assert httpx.get(f"{extender}/healthz").status_code == 200
@@ -196,6 +196,7 @@ def test_webhook_answers_a_non_review_with_400_naming_the_field(webhook: TlsServ
     assert r.status_code == 400 and "request" in r.text
 
 
-def test_webhook_cuts_a_slow_client(webhook: TlsServer, tmp_path: Path) -> None:
-    closed = slow_client_closed_after("127.0.0.1", webhook.port, tls=True, give_up_s=10)
+@pytest.mark.parametrize("request_bytes", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
+def test_webhook_cuts_a_slow_client(webhook: TlsServer, request_bytes: bytes) -> None:
+    closed = slow_client_closed_after("127.0.0.1", webhook.port, tls=True, give_up_s=10, request=request_bytes)
     assert closed is not None and closed < READ_TIMEOUT_S + 2
