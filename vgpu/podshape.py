@@ -21,6 +21,8 @@ class PodShapeError(ValueError):
 
 
 def _kind(value: object) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
