@@ -9,7 +9,7 @@ Re-runs the rows of the robustness table for both services, each with its outcom
   limit), wrong types, the long quantity;
   both: N slow connections sending their headers a byte a second for --slow-seconds (closed by the servers?),
   and /healthz p99 while every attack runs (target <= 100 ms).
-Peak RSS is sampled from /proc/PID/status every 10 ms. Stops by itself; about 1.5 minutes with the defaults.
+Peak RSS is sampled from /proc/PID/status every 10 ms. Stops by itself; about 35 s with the defaults.
 
     python benchmarks/http_robustness.py [--slow-connections 400] [--slow-seconds 20]
 """
