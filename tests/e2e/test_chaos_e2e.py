@@ -162,7 +162,7 @@ def _group(cp: ControlPlane, tag: str) -> dict[str, str]:
 
 
 # Known load-sensitive: in the full suite on a 2-core machine only 3 of 20 pods were bound within the 90 s
-# settle (twice); alone it passes in ~40 s. Tracked in issue 16 until the cause (scheduler backoff?) is found.
+# settle (twice); alone it passes in ~40 s. Kept visible as xfail until the cause (scheduler backoff?) is found.
 @pytest.mark.xfail(strict=False, reason="load-sensitive on 2 cores: the 20-pod settle after a 6 s PATCH delay")
 def test_slow_patch_bind_rolls_back_inside_the_http_timeout(
     stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str
