@@ -18,6 +18,7 @@ COPY vgpu_cli ./vgpu_cli
 COPY scheduler_extender ./scheduler_extender
 COPY device_plugin ./device_plugin
 COPY webhook ./webhook
+COPY vgpu_http ./vgpu_http
 # A prefix install keeps the build tools (setuptools, wheel caches) out of the final image.
 RUN pip install --no-cache-dir --disable-pip-version-check --prefix=/install --no-deps .
 

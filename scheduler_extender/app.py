@@ -30,6 +30,7 @@ from scheduler_extender import schema
 from scheduler_extender.service import BadRequest, ExtenderService
 from vgpu.clusterfile import dump_cluster
 from vgpu.podshape import PodShapeError, check_pod_shape
+from vgpu_http.body import TooLarge, json_values, read_capped
 
 log = logging.getLogger(__name__)
 # A /filter body holds one pod (etcd stores at most 1.5 MiB of it) and, with nodeCacheCapable, the node names: 5,000
@@ -39,15 +40,6 @@ MAX_BODY = 16 * 1024 * 1024
 # Parsing holds the GIL: 2.8 million tiny JSON values took 1.7 s and ~300 MiB whatever thread ran it. 200,000 parse
 # in ~40 ms into ~15 MiB; a pod has a few hundred, 15,000 node names 15,000.
 MAX_JSON_VALUES = 200_000
-
-
-def json_values(body: bytes) -> int:
-    """An upper bound on the JSON values in `body` (commas and opening brackets, strings included), in C speed."""
-    return body.count(b",") + body.count(b"{") + body.count(b"[")
-
-
-class TooLarge(Exception):
-    """The body passed the cap while streaming in (-> HTTP 413)."""
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -62,19 +54,6 @@ def _bad(verb: str, service: ExtenderService, message: str) -> Response:
     service.metrics.bad_requests.labels(verb).inc()
     log.warning("bad request", extra={"verb": verb, "error": message})
     return _json({"Error": message}, status=400)
-
-
-async def read_capped(request: Request, cap: int, what: str) -> bytes:
-    """The body, read chunk by chunk; TooLarge as soon as it passes `cap` (or its Content-Length says it will)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise TooLarge(f"{what}: body of {int(declared)} bytes; at most {cap} allowed (--max-body-bytes)")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise TooLarge(f"{what}: body over {cap} bytes; at most {cap} allowed (--max-body-bytes)")
-    return bytes(body)
 
 
 def _parse(body: bytes, verb: str, model: type[BaseModel]) -> Any:
@@ -116,13 +95,13 @@ def create_app(
                 return _json({"Error": f"{verb}: this extender replica stands by; the leader is {leader}"}, status=503)
             started = time.perf_counter()
             try:
-                body = await read_capped(request, max_body, verb)
+                body = await read_capped(request, max_body, what=f"{verb}: body", setting="--max-body-bytes")
                 if (values := json_values(body)) > max_values:
                     raise TooLarge(f"{verb}: {values} JSON values; at most {max_values} allowed (--max-json-values)")
                 args = await run_in_threadpool(_parse, body, verb, model)
                 del body
                 result = await run_in_threadpool(call, args)
-            except ClientDisconnect:  # gone, or cut by the read deadline (scheduler_extender.http_guard)
+            except ClientDisconnect:  # gone, or cut by the read deadline (vgpu_http.guard)
                 return Response(status_code=400)
             except TooLarge as exc:
                 service.metrics.bad_requests.labels(verb).inc()

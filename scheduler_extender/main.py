@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from scheduler_extender.app import create_app, create_health_app
-from scheduler_extender.http_guard import guarded_protocol
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ENV_PREFIX, SCHEMA, ExtenderSettings, SettingsError, read_text
 from vgpu.errors import VgpuError
 from vgpu.logs import configure
 from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.state import ClusterState
+from vgpu_http.guard import guarded_protocol
 
 if TYPE_CHECKING:
     from scheduler_extender.leadership import Election
@@ -53,7 +53,7 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
 
 
 def _connection_limits(s: ExtenderSettings) -> dict[str, object]:
-    """What bounds a connection (scheduler_extender.http_guard): a deadline on reading each request, uvicorn's
+    """What bounds a connection (vgpu_http.guard): a deadline on reading each request, uvicorn's
     keep-alive timeout between requests and its connection cap (uvicorn 0.54, uvicorn/config.py `Config`:
     timeout_keep_alive, limit_concurrency; the h11 protocol caps headers at 16 KiB, h11_max_incomplete_event_size)."""
     return {

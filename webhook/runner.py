@@ -14,7 +14,7 @@ import time
 import uvicorn
 from starlette.applications import Starlette
 
-from webhook.http_guard import MAX_CONNECTIONS, READ_TIMEOUT_S, guarded_protocol
+from vgpu_http.guard import MAX_CONNECTIONS, READ_TIMEOUT_S, guarded_protocol
 from webhook.tls import ReloadingTls
 
 
@@ -49,7 +49,7 @@ class TlsServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
-            # Connection bounds (webhook.http_guard; uvicorn 0.54 uvicorn/config.py `Config`): a deadline on reading
+            # Connection bounds (vgpu_http.guard; uvicorn 0.54 uvicorn/config.py `Config`): a deadline on reading
             # each request, the keep-alive timeout between requests, a cap on open connections (503 beyond it).
             http=guarded_protocol(read_timeout_s),
             timeout_keep_alive=5,

@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from vgpu_http.body import TooLarge, json_values, read_capped
 from webhook.admission import Outcome, Settings, decide, deny, review_dict
 from webhook.inventory import InventorySource
 from webhook.metrics import WebhookMetrics
@@ -37,28 +38,6 @@ MAX_BODY = 8 * 1024 * 1024
 # Parsing holds the GIL: 2.8 million tiny JSON values took 1.7 s and 354 MiB (over the 256 Mi limit). 200,000 parse in
 # ~40 ms into ~15 MiB; a pod has a few hundred.
 MAX_JSON_VALUES = 200_000
-
-
-def json_values(body: bytes) -> int:
-    """An upper bound on the JSON values in `body` (commas and opening brackets, strings included), in C speed."""
-    return body.count(b",") + body.count(b"{") + body.count(b"[")
-
-
-class TooLarge(Exception):
-    """The body passed the cap while streaming in (-> HTTP 413)."""
-
-
-async def read_capped(request: Request, cap: int) -> bytes:
-    """The body, read chunk by chunk; TooLarge as soon as it passes `cap` (or its Content-Length says it will)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise TooLarge(f"AdmissionReview of {int(declared)} bytes; at most {cap} allowed (max_body_bytes)")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise TooLarge(f"AdmissionReview over {cap} bytes; at most {cap} allowed (max_body_bytes)")
-    return bytes(body)
 
 
 class Reviewer:
@@ -138,7 +117,7 @@ def _log(endpoint: str, pod: Any, namespace: str, outcome: Outcome) -> None:
 def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int = MAX_JSON_VALUES) -> Starlette:
     async def review(request: Request, *, mutating: bool) -> Response:
         try:
-            body = await read_capped(request, max_body)
+            body = await read_capped(request, max_body, what="AdmissionReview", setting="max_body_bytes")
             if (values := json_values(body)) > max_values:
                 raise TooLarge(
                     f"AdmissionReview of {values} JSON values; at most {max_values} allowed (max_json_values)"
@@ -147,7 +126,7 @@ def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int 
             reviewer.metrics.bad_requests.inc()
             log.warning("%s", exc)
             return PlainTextResponse(str(exc), status_code=413)
-        except ClientDisconnect:  # gone, or cut by the read deadline (webhook.http_guard)
+        except ClientDisconnect:  # gone, or cut by the read deadline (vgpu_http.guard)
             return Response(status_code=400)
         status, out = await run_in_threadpool(reviewer.handle, body, mutating=mutating)
         return Response(out, status, media_type="application/json" if status == 200 else "text/plain")
