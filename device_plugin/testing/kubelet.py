@@ -5,6 +5,7 @@ drives GetPreferredAllocation/Allocate over the plugin's socket the way the kube
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -90,13 +91,20 @@ class FakeKubelet:
             self._pr_server.start()
 
     def restart(self) -> None:
-        """What a kubelet restart does to the folder: every socket deleted, kubelet.sock recreated."""
+        """What a kubelet restart does to the folder: every socket deleted (other files, such as its checkpoint,
+        kept), kubelet.sock recreated. The allocations it holds survive, as its checkpoint makes them.
+
+        k8s.io/kubernetes v1.34.4 pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go (server.Start calls
+        CleanupPluginDirectory, then listens on kubelet.sock) and ../manager.go (CleanupPluginDirectory removes
+        every socket in the folder except the checkpoint file; directories and other files stay)."""
         if self._server is not None:
             self._server.stop(0).wait()
         if self._channel is not None:
             self._channel.close()
         for name in os.listdir(self.plugin_dir):
-            os.unlink(os.path.join(self.plugin_dir, name))
+            path = os.path.join(self.plugin_dir, name)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
         self.start()
 
     def stop(self) -> None:
@@ -139,7 +147,8 @@ class FakeKubelet:
         assert self.stub is not None, "plugin not registered"
         with self.admit_lock:
             with self.state.cond:
-                self.state.known.append(pod_key)
+                if pod_key not in self.state.known:  # admitted again (a retry): known once
+                    self.state.known.append(pod_key)
             out = []
             for name, count in containers:
                 with self.state.cond:
