@@ -21,12 +21,35 @@ class GpuHealth:
 
 
 class HealthBoard:
-    """Versioned health per GPU uuid; consumers block in wait_change() instead of polling."""
+    """Versioned health per GPU uuid; consumers block in wait_change() instead of polling.
+
+    Node conditions (set_condition) make every GPU read as unhealthy with their reason on top of the per-GPU
+    state, e.g. the MPS control daemon being down: no MPS client on the node could run, whichever GPU.
+    """
 
     def __init__(self, uuids: Iterable[str]) -> None:
         self._cond = threading.Condition()
         self._state = {u: GpuHealth(True) for u in uuids}
+        self._conditions: dict[str, str] = {}
         self.version = 0
+
+    def set_condition(self, name: str, reason: str | None) -> bool:
+        """Raise (reason) or clear (None) the node condition `name`; returns whether anything changed."""
+        with self._cond:
+            if self._conditions.get(name) == reason:
+                return False
+            if reason is None:
+                del self._conditions[name]
+            else:
+                self._conditions[name] = reason
+            self.version += 1
+            self._cond.notify_all()
+            return True
+
+    def _seen(self, health: GpuHealth) -> GpuHealth:
+        if not self._conditions or not health.healthy:
+            return health
+        return GpuHealth(False, "; ".join(self._conditions[k] for k in sorted(self._conditions)))
 
     def set(self, uuid: str, health: GpuHealth) -> bool:
         with self._cond:
@@ -39,11 +62,11 @@ class HealthBoard:
 
     def get(self, uuid: str) -> GpuHealth:
         with self._cond:
-            return self._state.get(uuid, GpuHealth(False, "unknown GPU"))
+            return self._seen(self._state.get(uuid, GpuHealth(False, "unknown GPU")))
 
     def snapshot(self) -> tuple[int, dict[str, GpuHealth]]:
         with self._cond:
-            return self.version, dict(self._state)
+            return self.version, {u: self._seen(h) for u, h in self._state.items()}
 
     def wait_change(self, seen: int, timeout: float) -> int:
         """Block until version != seen or timeout; returns the current version."""

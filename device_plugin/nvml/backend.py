@@ -14,6 +14,10 @@ from typing import Protocol
 NVML_NVLINK_MAX_LINKS = 36
 NVML_FEATURE_ENABLED = 1
 nvmlEventTypeXidCriticalError = 8
+# Compute modes (nvmlComputeMode_t): MPS needs EXCLUSIVE_PROCESS, so that every CUDA process goes through the
+# MPS server (NVIDIA's MPS guide; NVIDIA k8s-device-plugin cmd/mps-control-daemon/mps/daemon.go sets it).
+NVML_COMPUTEMODE_DEFAULT = 0
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 
 # XIDs that are application faults, not GPU faults (NVIDIA k8s-device-plugin's default skip list):
 # 13 graphics engine exception, 31 MMU fault, 43 GPU stopped processing, 45 preemptive cleanup,
@@ -95,3 +99,6 @@ class NvmlBackend(Protocol):
     # Driver r615+: a hard per-cgroup memory cap. `limits` is pynvml's c_nvmlSetMemoryLimits_v1_t
     # (nameSpace: bytes = the cgroup directory, softLimit/hardLimit: bytes); see real.memory_limits().
     def nvmlDeviceSetMemoryLimits_v1(self, device: object, limits: object) -> None: ...
+    # Compute mode (needs root): the MPS daemon's lifecycle sets EXCLUSIVE_PROCESS and restores the old mode.
+    def nvmlDeviceGetComputeMode(self, handle: object) -> int: ...
+    def nvmlDeviceSetComputeMode(self, handle: object, mode: int) -> None: ...

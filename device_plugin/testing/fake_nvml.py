@@ -15,6 +15,8 @@ injected errors play out on their own; `advance()` then skips ahead on top of wa
       - {t: 5, gpu: 3, xid: 79}
     memoryLimits: supported     # nvmlDeviceSetMemoryLimits_v1: "supported" (needs driver >= 615), default
                                 # "unsupported" -> NVMLError_NotSupported; set limits land in .memory_limits
+    computeModes: settable      # nvmlDeviceSetComputeMode: "settable" (default) or "denied" -> NO_PERMISSION;
+                                # the mode per GPU is in .compute_modes (0 DEFAULT, 3 EXCLUSIVE_PROCESS)
     errors:                     # injected errors: function (optionally for one gpu) raises in [from, until)
       - {function: nvmlDeviceGetMemoryInfo, gpu: 2, error: GPU_IS_LOST, from: 5, until: 20}
 
@@ -173,6 +175,8 @@ class FakeNvml:
         ]
         self.memory_limits_supported = scenario.get("memoryLimits", "unsupported") == "supported"
         self.memory_limits: dict[tuple[int, str], tuple[int, int]] = {}  # (gpu, cgroup dir) -> (soft, hard)
+        self.compute_modes_settable = scenario.get("computeModes", "settable") != "denied"
+        self.compute_modes: dict[int, int] = {g.index: 0 for g in self.gpus}
         self.initialized = False
         self.calls: dict[str, int] = {}
         self._cond = threading.Condition()
@@ -380,3 +384,16 @@ class FakeNvml:
                 int(getattr(limits, "softLimit", 0)),
                 int(getattr(limits, "hardLimit", 0)),
             )
+
+    def nvmlDeviceGetComputeMode(self, handle: object) -> int:
+        return self.compute_modes[self._gpu("nvmlDeviceGetComputeMode", handle).index]
+
+    def nvmlDeviceSetComputeMode(self, handle: object, mode: int) -> None:
+        """Like the driver run without root: NO_PERMISSION with `computeModes: denied`."""
+        gpu = self._gpu("nvmlDeviceSetComputeMode", handle)
+        if not self.compute_modes_settable:
+            raise real.error(real.error_code("NO_PERMISSION"))
+        if mode not in (0, 2, 3):  # DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS (1 was removed from NVML)
+            raise real.error(real.error_code("INVALID_ARGUMENT"))
+        with self._cond:
+            self.compute_modes[gpu.index] = mode

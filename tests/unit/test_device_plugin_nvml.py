@@ -41,6 +41,8 @@ def test_constants_match_pynvml() -> None:
     assert backend.NVML_NVLINK_MAX_LINKS == pynvml.NVML_NVLINK_MAX_LINKS
     assert backend.nvmlEventTypeXidCriticalError == pynvml.nvmlEventTypeXidCriticalError
     assert backend.NVML_FEATURE_ENABLED == pynvml.NVML_FEATURE_ENABLED
+    assert backend.NVML_COMPUTEMODE_DEFAULT == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert backend.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 
 @pytest.mark.parametrize(
