@@ -35,14 +35,32 @@ class GpuDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class Cordon:
+    """A node's cordon: GPUs that get no new slice, and the entries that could not be honoured as written
+    (`malformed`: not a GPU UUID; `unknown`: not on the node, still cordoned should it appear)."""
+
+    uuids: frozenset[str] = frozenset()
+    malformed: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInventory:
-    """A node's GPUs plus the host resources placement checks (optional: 0 = not tracked)."""
+    """A node's GPUs plus the host resources placement checks (optional: 0 = not tracked).
+
+    `cordon`: the GPUs the admin took out of service for new slices (vgpu.cordon parses it).
+    """
 
     name: str
     gpus: tuple[GpuDevice, ...]
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    cordon: Cordon = Cordon()
+
+    @property
+    def cordoned(self) -> frozenset[str]:
+        return self.cordon.uuids
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.annotations import POD_REQUIRE_NVLINK, Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import GpuUsage, NodeState, slice_blocker
+from vgpu.topology import Link, choose
 
 # Lower ranks first. Arguments: the GPU, the slice's memory and cores, the pod.
 GpuRank = Callable[[GpuUsage, int, int, PodInfo], float]
@@ -17,6 +18,8 @@ GpuRank = Callable[[GpuUsage, int, int, PodInfo], float]
 _REASON_TEXT = {
     "unhealthy": "unhealthy",
     "model": "GPU model not allowed",
+    "uuid": "GPU UUID not allowed",
+    "cordoned": "GPU cordoned",
     "too-small": "card too small",
     "memory": "GPU memory full",
     "cores": "SM quota full",
@@ -26,6 +29,9 @@ _REASON_TEXT = {
     "same-container": "already holds this container's other vGPU",
 }
 
+
+# Reasons that freeing slices (preemption) cannot change.
+_STATIC = frozenset({"too-small", "model", "uuid", "cordoned"})
 
 _NONE = [0, 0, 0, 0]
 
@@ -67,6 +73,19 @@ def role_rank(u: GpuUsage, pod: PodInfo) -> int:
     return 0
 
 
+def near_counterpart(node: NodeState, pod: PodInfo) -> frozenset[str]:
+    """GPUs that are NVLink peers of a GPU holding this pod's counterpart role of the same model: a P/D pair on
+    them moves its KV cache over NVLink instead of PCIe. Ranked right after the counterpart's own GPUs."""
+    if pod.model is None or not node.topology.cliques:
+        return frozenset()
+    peers = node.topology.peers
+    near: set[str] = set()
+    for u in node.gpus:
+        if role_rank(u, pod) < 0:
+            near |= peers.get(u.device.uuid, frozenset())
+    return frozenset(near)
+
+
 def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRank) -> NodePlacement | FitFailure:
     """Place every GPU-asking container of the pod on this node, or say why not."""
     inv = node.inventory
@@ -80,17 +99,27 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
         return FitFailure("node has no GPUs", unresolvable=True)
     usable: list[GpuUsage] = []
     excluded: dict[str, int] = {}
+    cordoned = inv.cordon.uuids
     for u in node.gpus:
+        why: str | None = None
         if not u.device.healthy and not config.allow_unhealthy:
-            excluded["unhealthy"] = excluded.get("unhealthy", 0) + 1
+            why = "unhealthy"
+        elif cordoned and u.device.uuid in cordoned:
+            why = "cordoned"  # no new slice; the slices already on it stay
         elif pod.gpu_models is not None and u.device.model not in pod.gpu_models:
-            excluded["model"] = excluded.get("model", 0) + 1
-        else:
+            why = "model"
+        elif pod.gpu_filter is not None:
+            why = pod.gpu_filter.blocker(u.device)  # HAMi's use/nouse-gputype and -gpuuuid
+        if why is None:
             usable.append(u)
+        else:
+            excluded[why] = excluded.get(why, 0) + 1
     extra: dict[str, list[int]] = {}
     out: list[ContainerAssignment] = []
     # A role-less pod has no role order; skipping the call matters on large nodes (openb: every pod).
     by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
+    topo = node.topology
+    near = near_counterpart(node, pod) if by_role_order and config.topology else frozenset()
     for req in pod.request.containers:
         candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
         blocked = dict(excluded)
@@ -124,13 +153,15 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             if why is not None:
                 blocked[why] = blocked.get(why, 0) + 1
                 continue
-            by_role = role_rank(u, pod) if by_role_order else 0
+            by_role: float = role_rank(u, pod) if by_role_order else 0
+            if near and by_role == 0 and dev.uuid in near:
+                by_role = -0.5
             candidates.append((by_role, rank(u, mem, cores, pod), dev.index, u, mem, cores))
         if len(candidates) < req.count:
             need = f"{req.memory_mib} MiB" if req.memory_mib is not None else f"{req.memory_percentage}% memory"
             core_txt = "proportional cores" if req.cores is None else f"{req.cores}% cores"
             detail = ", ".join(f"{_REASON_TEXT.get(k, k)} on {n}" for k, n in sorted(blocked.items()))
-            static = sum(n for k, n in blocked.items() if k in ("too-small", "model"))
+            static = sum(n for k, n in blocked.items() if k in _STATIC)
             return FitFailure(
                 f"container {req.container!r} needs {req.count} vGPU(s) of {need}/{core_txt}; "
                 f"{len(candidates)} of {len(node.gpus)} GPUs can host one" + (f" ({detail})" if detail else ""),
@@ -138,6 +169,25 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             )
         candidates.sort(key=lambda t: (t[0], t[1], t[2]))
         chosen = candidates[: req.count]
+        if req.count > 1 and (config.topology or pod.require_nvlink):
+            link = Link.NONE  # a flat node has no NVLink, and every set is as good as the policy's first
+            if not topo.flat:
+                pos, link = choose([t[3].device.uuid for t in candidates], req.count, topo)
+                chosen = [candidates[i] for i in pos]
+            if pod.require_nvlink and link > Link.NVLINK_CROSS_NUMA:
+                fits = [u for u in usable if not sizes[(u.device.memory_mib, u.device.cores)][2]]
+                now = topo.largest_clique({t[3].device.uuid for t in candidates})
+                ever = topo.largest_clique({u.device.uuid for u in fits})
+                return FitFailure(
+                    f"container {req.container!r} needs {req.count} GPUs that are all NVLink peers ({POD_REQUIRE_NVLINK}); "
+                    + (
+                        f"of the {len(candidates)} GPUs that can host its slice now, at most {now} are"
+                        if ever >= req.count
+                        else f"at most {ever} of this node's GPUs that could ever host it are"
+                        + ("" if topo.cliques else " (no NVLink between its GPUs)")
+                    ),
+                    unresolvable=ever < req.count,
+                )
         devices: list[DeviceSlice] = []
         for _, _, _, u, mem, cores in chosen:
             devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpu import annotations as ann
+from vgpu import hami
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import RequestError
 from vgpu.quantity import QuantityError, parse_cpu_milli, parse_memory_mib
@@ -28,7 +29,9 @@ class PodInfo:
     gpu_models: frozenset[str] | None = None
     node_policy: str | None = None
     gpu_policy: str | None = None
+    gpu_filter: hami.GpuFilter | None = None  # HAMi's use/nouse-gputype and use/nouse-gpuuuid (vgpu.hami)
     node_name: str | None = None
+    require_nvlink: bool = False  # vgpu.io/require-nvlink (vgpu.topology)
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -46,6 +49,8 @@ class PodInfo:
             self.gpu_models,
             self.node_policy,
             self.gpu_policy,
+            self.require_nvlink,
+            self.gpu_filter,
         )
 
 
@@ -96,13 +101,19 @@ def pod_info(
     *,
     track_host_resources: bool = False,
 ) -> PodInfo:
-    """Parse a Kubernetes Pod; raises RequestError on requests that can never be satisfied."""
+    """Parse a Kubernetes Pod; raises RequestError on requests (or annotations) that can never be satisfied."""
     meta = pod.get("metadata") or {}
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     decision = detect_role(pod)
-    overrides = ann.pod_overrides(annotations)
     cpu, mem = _host_requests(pod) if track_host_resources else (0, 0)
     request = parse_pod_request(pod, names, defaults)
+    try:
+        selection = hami.select(annotations)  # kube-vgpu's keys, and HAMi's where ours are not given
+    except hami.AnnotationValueError:
+        if not request.is_empty:
+            raise
+        selection = hami.Selection(ann.pod_overrides(annotations))  # a pod without vGPUs: HAMi's keys mean nothing
+    overrides = selection.overrides
     return PodInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or meta.get("generateName") or ""),
@@ -116,7 +127,9 @@ def pod_info(
         gpu_models=overrides.gpu_models,
         node_policy=overrides.node_policy,
         gpu_policy=overrides.gpu_policy,
+        gpu_filter=selection.gpu_filter,
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
+        require_nvlink=not request.is_empty and ann.require_nvlink(annotations),
         annotations=annotations,
     )
 
