@@ -24,6 +24,8 @@ VERSION = "v1"
 # Node annotations, written by the device plugin.
 NODE_INVENTORY = PREFIX + "node-inventory"
 NODE_INVENTORY_TIME = PREFIX + "node-inventory-time"
+# Node annotation the cluster admin writes: GPU UUIDs that get no new slice (vgpu.cordon).
+NODE_CORDONED_GPUS = PREFIX + "cordoned-gpus"
 # Pod annotations written by the extender at bind time (bind-phase `allocated` by the device plugin).
 POD_ASSIGNMENT = PREFIX + "assignment"
 POD_BIND_PHASE = PREFIX + "bind-phase"
@@ -85,6 +87,7 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key(NODE_INVENTORY, "annotation", "Node"),
     Key(NODE_INVENTORY_TIME, "annotation", "Node"),
+    Key(NODE_CORDONED_GPUS, "annotation", "Node"),
     Key(POD_ASSIGNMENT, "annotation", "Pod"),
     Key(POD_BIND_PHASE, "annotation", "Pod"),
     Key(POD_BIND_TIME, "annotation", "Pod"),
