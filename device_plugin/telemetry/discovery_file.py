@@ -1,10 +1,19 @@
 """llm-d `file-discovery` endpoints file for clusters without Kubernetes routing (Slurm, Ray, bare metal).
 
 Format (YAML or JSON; we write JSON, which is YAML): `{"endpoints": [{"name", "namespace", "address",
-"port" (a string), "labels": {}}]}`, at most 1 MiB, reloaded by the router on an atomic rename. We write a
-temporary file in the same directory, fsync it and rename it over the target, and only when the content
-changed. Labels: the pod's own labels plus the slice facts (`vgpu.io/gpu`, `vgpu.io/gpu-memory-bytes`,
-`vgpu.io/gpu-cores`, `vgpu.io/role`, `vgpu.io/model`).
+"port" (a string), "labels": {}}]}`, at most 1 MiB. The router reads it once unless its file-discovery
+plugin has `watchFile: true`; with it, an atomic rename is picked up (it re-attaches its watch to the new
+inode: pkg/epp/framework/plugins/datalayer/discovery/file/plugin.go @ 06986a05). We write a temporary file
+in the same directory, fsync it and rename it over the target, and only when the content changed.
+
+Labels: the pod's own labels, the labels the router's own filters read (`llm-d.ai/role` for prefill-filter /
+decode-filter, `llm-d.ai/model`), and the slice facts (`vgpu.io/gpu`: each GPU once, `vgpu.io/gpu-cores`:
+the SM share per listed GPU, `vgpu.io/gpu-memory-bytes`, `vgpu.io/role`, `vgpu.io/model`).
+
+The router's DCGM source scrapes `<endpoint address>:<feed port>` in file-discovery mode (there is no node
+address), so the feed is only reachable when the endpoint address is the host's: host processes (standalone
+mode, device_plugin.standalone) or hostNetwork pods. The extractor matches the feed's `pod` label against the
+endpoint name, which is the pod name here.
 """
 
 from __future__ import annotations
@@ -13,20 +22,47 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from device_plugin.pods import PodRecord
 from device_plugin.watchdog.slices import Slice
 from vgpu import annotations as ann
+from vgpu.roles import MODEL_LABELS, ROLE_LABEL
 
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 1024 * 1024
 
 
-def endpoints(pods: Iterable[PodRecord], slices: Iterable[Slice], *, port: str) -> list[dict[str, object]]:
-    """One endpoint per pod that holds slices and has an IP; slice labels of its first container's GPUs."""
+MODEL_LABEL = MODEL_LABELS[0]
+
+
+def slice_labels(held: Sequence[Slice]) -> dict[str, str]:
+    """The labels of one endpoint from its slices: each GPU once (in index order), its SM share summed over
+    the endpoint's containers on it, the role and model for the router's filters and ours."""
+    cores: dict[str, int] = {}
+    order = sorted({(s.gpu_index, s.id.uuid) for s in held})
+    for s in held:
+        cores[s.id.uuid] = cores.get(s.id.uuid, 0) + s.cores
+    labels = {
+        ann.ENDPOINT_GPU: ",".join(u for _, u in order),
+        ann.ENDPOINT_GPU_MEMORY_BYTES: str(sum(s.memory_limit for s in held)),
+        ann.ENDPOINT_GPU_CORES: ",".join(str(cores[u]) for _, u in order),
+        ann.ENDPOINT_ROLE: held[0].role,
+        ROLE_LABEL: held[0].role,
+    }
+    model = next((s.model for s in held if s.model), "")
+    if model:
+        labels[ann.ENDPOINT_MODEL] = model
+        labels[MODEL_LABEL] = model
+    return labels
+
+
+def endpoints(
+    pods: Iterable[PodRecord], slices: Iterable[Slice], *, port: str | Callable[[PodRecord], str]
+) -> list[dict[str, object]]:
+    """One endpoint per pod that holds slices and has an IP (named as the pod: the feed's `pod` label)."""
     by_pod: dict[tuple[str, str], list[Slice]] = {}
     for s in slices:
         by_pod.setdefault((s.id.namespace, s.id.pod), []).append(s)
@@ -36,18 +72,15 @@ def endpoints(pods: Iterable[PodRecord], slices: Iterable[Slice], *, port: str) 
         if not held or not pod.pod_ip:
             continue
         labels = dict(pod.labels)
-        labels.update(
-            {
-                ann.ENDPOINT_GPU: ",".join(s.id.uuid for s in held),
-                ann.ENDPOINT_GPU_MEMORY_BYTES: str(sum(s.memory_limit for s in held)),
-                ann.ENDPOINT_GPU_CORES: ",".join(str(s.cores) for s in held),
-                ann.ENDPOINT_ROLE: held[0].role,
-            }
-        )
-        if held[0].model:
-            labels[ann.ENDPOINT_MODEL] = held[0].model
+        labels.update(slice_labels(held))
         out.append(
-            {"name": pod.name, "namespace": pod.namespace, "address": pod.pod_ip, "port": port, "labels": labels}
+            {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "address": pod.pod_ip,
+                "port": port if isinstance(port, str) else port(pod),
+                "labels": labels,
+            }
         )
     return out
 
@@ -85,7 +118,7 @@ def write_atomic(path: str | Path, data: bytes) -> bool:
 class DiscoveryFileWriter:
     """The watchdog's after_cycle hook: rewrite the file when the endpoints changed."""
 
-    def __init__(self, path: str | Path, *, port: str) -> None:
+    def __init__(self, path: str | Path, *, port: str | Callable[[PodRecord], str]) -> None:
         self.path = Path(path)
         self.port = port
         self.writes = 0

@@ -9,42 +9,63 @@ sample WITHOUT a pod label), takes the max, divides by 100 and stores `GPUUtiliz
 - it is served on its own port, never mixed with the node exporter or dcgm-exporter's 9400.
 The extractor matches on the pod name only; two same-named pods of different namespaces on one node would
 merge, which the `namespace` label lets a human see.
+
+Every slice-holding pod the daemon knows is reported, 0 when idle: the router's endpoint-attribute scorer
+gives an endpoint WITHOUT a value score 0 -- the same as a fully saturated one -- and the extractor never
+clears a value that drops out of the feed (it errors and keeps the old one). A slice whose GPU could not be
+read this cycle keeps the value it was last served with (0 if it never had one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from device_plugin.watchdog.slices import Slice
 from device_plugin.watchdog.watchdog import Snapshot
 
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
+FEED_LABELS = ("pod", "namespace", "gpu", "UUID")
+SampleKey = tuple[str, str, str, str]
 
 
-def epp_samples(snap: Snapshot) -> dict[tuple[str, str, str, str], float]:
-    """(pod, namespace, gpu index, UUID) -> saturation 0-100."""
-    out: dict[tuple[str, str, str, str], float] = {}
+def _key(s: Slice) -> SampleKey:
+    return (s.id.pod, s.id.namespace, str(s.gpu_index), s.id.uuid)
+
+
+def epp_samples(snap: Snapshot, last: Mapping[SampleKey, float] | None = None) -> dict[SampleKey, float]:
+    """(pod, namespace, gpu index, UUID) -> saturation 0-100, for every held slice: observed this cycle, else
+    `last` (what was served before), else 0."""
+    observed: dict[SampleKey, float] = {}
     for st in snap.slices:
-        s = st.slice
-        key = (s.id.pod, s.id.namespace, str(s.gpu_index), s.id.uuid)
-        out[key] = max(out.get(key, 0.0), st.saturation)
+        key = _key(st.slice)
+        observed[key] = max(observed.get(key, 0.0), st.saturation)
+    out: dict[SampleKey, float] = {}
+    for s in snap.held:
+        key = _key(s)
+        out[key] = observed.get(key, (last or {}).get(key, 0.0))
+    for key, value in observed.items():  # a snapshot built without `held` (tests, older callers)
+        out.setdefault(key, value)
     return out
 
 
 class EppCollector(Collector):
     def __init__(self, source: Callable[[], Snapshot]) -> None:
         self.source = source
+        self.last: dict[SampleKey, float] = {}
 
     def collect(self) -> Iterator[Metric]:
         fam = GaugeMetricFamily(
             METRIC,
             "Slice saturation 0-100 (kube-vgpu EPP feed; not the whole GPU)",
-            labels=["pod", "namespace", "gpu", "UUID"],
+            labels=list(FEED_LABELS),
         )
-        for labels, value in sorted(epp_samples(self.source()).items()):
+        samples = epp_samples(self.source(), self.last)
+        self.last = samples
+        for labels, value in sorted(samples.items()):
             fam.add_metric(list(labels), value)
         yield fam
 

@@ -52,6 +52,7 @@ class Snapshot:
     node: str
     gpus: tuple[GpuStatus, ...] = ()
     slices: tuple[SliceStatus, ...] = ()
+    held: tuple[Slice, ...] = ()  # every slice of this node's pods, observed this cycle or not (the EPP feed)
     violations: dict[tuple[SliceId, str], int] = field(default_factory=dict)  # counters, per slice and kind
     actions: dict[tuple[SliceId, str, str], int] = field(default_factory=dict)  # per slice, step, outcome
     cycles: int = 0
@@ -187,6 +188,7 @@ class Watchdog:
             node=self.node,
             gpus=gpus,
             slices=statuses,
+            held=tuple(sorted(index.slices.values(), key=lambda s: s.id)),
             violations={k: v for k, v in self._violations.items() if k[0] in index.slices},
             actions={k: v for k, v in self._actions.items() if k[0] in index.slices},
             cycles=self._cycles,
