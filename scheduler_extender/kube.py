@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -30,22 +30,43 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 # (the import-linter contract in pyproject.toml; sources/kube.py and main.py are the other adapters).
 CoreApi = client.CoreV1Api
 
-# Every call carries `_request_timeout`: urllib3's (connect, read) timeouts, the read one per socket read. Inside a
-# request's deadline (scheduler_extender.deadline) a call gets what is left of it; otherwise this default.
-CALL_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 3.0
-# Watches: the apiserver ends each after `timeoutSeconds` (Reflector.watch_timeout_s); the client gives up on a
-# watch that sent nothing (not even a bookmark) for this much longer, so a dropped connection that never closed is
-# noticed instead of blocking the reflector forever.
-WATCH_READ_SLACK_S = 30.0
-# Lists (the reflectors' relists, the pods a new leader learns from) read every active pod: a longer default.
-LIST_TIMEOUT_S = 60.0
+
+@dataclass(frozen=True, slots=True)
+class CallTimeouts:
+    """Timeouts of the apiserver calls (settings `apiserver_*_seconds`, docs/extender.md "Timeouts and deadlines").
+
+    Every call carries `_request_timeout`: urllib3's (connect, read) timeouts, the read one per socket read. Inside a
+    request's deadline (scheduler_extender.deadline) a call gets what is left of it, at most `call_s`; otherwise
+    `call_s`. Lists (the reflectors' relists, the pods a new leader learns from) read every active pod: `list_s`.
+    Watches: the apiserver ends each after `timeoutSeconds` (Reflector.watch_timeout_s); the client gives up on a
+    watch that sent nothing (not even a bookmark) for `watch_read_slack_s` longer, so a dropped connection that
+    never closed is noticed instead of blocking the reflector forever.
+    """
+
+    call_s: float = 10.0
+    connect_s: float = 3.0
+    list_s: float = 60.0
+    watch_read_slack_s: float = 30.0
 
 
-def _timeout(default_s: float = CALL_TIMEOUT_S) -> tuple[float, float]:
-    """(connect, read) for the next call: the request's remaining deadline, or `default_s`."""
-    left = remaining(default_s)
-    return (min(CONNECT_TIMEOUT_S, left), left)
+_timeouts = CallTimeouts()
+
+
+def configure_timeouts(timeouts: CallTimeouts) -> None:
+    """Set once by main, before the first call, from the settings; the defaults hold until then (tests, tools)."""
+    global _timeouts
+    _timeouts = timeouts
+
+
+def call_timeouts() -> CallTimeouts:
+    return _timeouts
+
+
+def _timeout(default_s: float | None = None) -> tuple[float, float]:
+    """(connect, read) for the next call: the request's remaining deadline, or `default_s` (the call timeout)."""
+    t = _timeouts
+    left = remaining(t.call_s if default_s is None else default_s)
+    return (min(t.connect_s, left), left)
 
 
 def _version(raw: dict[str, Any]) -> str:
@@ -204,7 +225,7 @@ def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = (
         _raw(
             api.list_pod_for_all_namespaces(
-                field_selector=ACTIVE_PODS, _preload_content=False, _request_timeout=_timeout(LIST_TIMEOUT_S)
+                field_selector=ACTIVE_PODS, _preload_content=False, _request_timeout=_timeout(_timeouts.list_s)
             )
         ).get("items")
         or []
@@ -360,7 +381,9 @@ class Reflector:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _list(self) -> str:
-        raw = _raw(self.list_call(_preload_content=False, _request_timeout=_timeout(LIST_TIMEOUT_S), **self._kwargs()))
+        raw = _raw(
+            self.list_call(_preload_content=False, _request_timeout=_timeout(_timeouts.list_s), **self._kwargs())
+        )
         self.replace(list(raw.get("items") or []))
         self.relists += 1
         return str((raw.get("metadata") or {}).get("resourceVersion") or "")
@@ -393,7 +416,7 @@ class Reflector:
             allow_watch_bookmarks=True,
             deserialize=False,
             # The client's read timeout outlasts the server's: a silent, half-dead connection still ends.
-            _request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + WATCH_READ_SLACK_S),
+            _request_timeout=(_timeouts.connect_s, self.watch_timeout_s + _timeouts.watch_read_slack_s),
             **self._kwargs(),
         )
         for event in stream:

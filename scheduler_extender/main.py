@@ -109,7 +109,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
 
     from kubernetes import client, config
 
-    from scheduler_extender.kube import KubeBinder, nudge_pod
+    from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, nudge_pod
     from scheduler_extender.leadership import start_leader_election
     from scheduler_extender.metrics import ExtenderMetrics
     from scheduler_extender.requeue import Requeuer
@@ -131,6 +131,14 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
                 alternative="run with --source file --cluster-file PATH",
             )
         ) from exc
+    configure_timeouts(
+        CallTimeouts(
+            call_s=s.apiserver_call_timeout_seconds,
+            connect_s=s.apiserver_connect_timeout_seconds,
+            list_s=s.apiserver_list_timeout_seconds,
+            watch_read_slack_s=s.watch_read_slack_seconds,
+        )
+    )
     api = client.CoreV1Api()
     metrics = ExtenderMetrics(state)
     requeuer = Requeuer(

@@ -124,6 +124,32 @@ class ExtenderSettings(BaseModel):
     )
     pod_namespace: str | None = Field(default=None, description="namespace of pod_name")
     watch_timeout_seconds: int = Field(default=300, ge=10, description="server-side watch timeout")
+    # The apiserver calls' own timeouts (scheduler_extender.kube.CallTimeouts); a bind's calls get at most what is
+    # left of bind_timeout_seconds instead.
+    apiserver_call_timeout_seconds: float = Field(
+        default=10.0,
+        ge=0.5,
+        le=300,
+        description="read timeout of an apiserver call outside a bind (reads, label and lease writes, requeue nudges)",
+    )
+    apiserver_connect_timeout_seconds: float = Field(
+        default=3.0,
+        ge=0.1,
+        le=60,
+        description="how long connecting to the apiserver may take (at most apiserver_call_timeout_seconds)",
+    )
+    apiserver_list_timeout_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=600,
+        description="read timeout of a LIST of every active pod or node (relists, a new leader's first read)",
+    )
+    watch_read_slack_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=600,
+        description="a watch silent this long past watch_timeout_seconds is closed and relisted (a dead connection)",
+    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=64 * 1024,
@@ -173,6 +199,11 @@ class ExtenderSettings(BaseModel):
                 "leader election needs retry period < renew deadline < lease duration, got "
                 f"{self.leader_elect_retry_period_seconds} / {self.leader_elect_renew_deadline_seconds} / "
                 f"{self.leader_elect_lease_duration_seconds} s"
+            )
+        if self.apiserver_connect_timeout_seconds > self.apiserver_call_timeout_seconds:
+            raise ValueError(
+                "apiserver_connect_timeout_seconds must be at most apiserver_call_timeout_seconds, got "
+                f"{self.apiserver_connect_timeout_seconds} > {self.apiserver_call_timeout_seconds} s"
             )
         if (self.pod_name is None) != (self.pod_namespace is None):
             raise ValueError("pod_name and pod_namespace go together")

@@ -201,3 +201,18 @@ def test_kube_binder_calls_end_at_the_deadline(apiserver: tuple[KubeBinder, Any]
     with deadline.within(started + 0.5), pytest.raises(Exception, match=r"(?i)timed? ?out"):
         binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)
     assert time.monotonic() - started < 1.5
+
+
+def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shortens_them() -> None:
+    from scheduler_extender import kube
+
+    before = kube.call_timeouts()
+    try:
+        kube.configure_timeouts(kube.CallTimeouts(call_s=4.0, connect_s=1.0, list_s=40.0, watch_read_slack_s=5.0))
+        assert kube._timeout() == (1.0, 4.0)
+        assert kube._timeout(kube.call_timeouts().list_s) == (1.0, 40.0)
+        with deadline.within(time.monotonic() + 0.5):  # a bind's deadline: what is left of it, connect included
+            connect, read = kube._timeout()
+            assert 0.3 < read <= 0.5 and connect == read
+    finally:
+        kube.configure_timeouts(before)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender import leadership, schema
+from scheduler_extender import kube, leadership, schema
 from scheduler_extender import main as ext_main
 from scheduler_extender.settings import PLACEMENT_SETTINGS, SCHEMA, ExtenderSettings, SettingsError, load
 from scheduler_extender.sources.kube import KubeSource
@@ -53,6 +53,13 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"tls_cert_file": "/x.pem"}, "go together"),
         ({"priority_mapping": "log"}, "priority_mapping"),
         ({"nonsense": 1}, "nonsense"),
+        ({"apiserver_call_timeout_seconds": 0}, "apiserver_call_timeout_seconds"),
+        ({"apiserver_list_timeout_seconds": 601}, "apiserver_list_timeout_seconds"),
+        ({"watch_read_slack_seconds": "soon"}, "watch_read_slack_seconds"),
+        (
+            {"apiserver_call_timeout_seconds": 2, "apiserver_connect_timeout_seconds": 5},
+            "apiserver_connect_timeout_seconds must be at most apiserver_call_timeout_seconds, got 5.0 > 2.0 s",
+        ),
     ],
 )
 def test_bad_settings_name_the_problem(flags: dict[str, object], fragment: str) -> None:
@@ -306,6 +313,10 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         lambda r: (r.build()[1].nodes.watch_timeout_s, r.build()[1].pods.watch_timeout_s),
         (45, 45),
     ),
+    "apiserver_call_timeout_seconds": ("7.5", KUBE, lambda r: _timeouts(r).call_s, 7.5),
+    "apiserver_connect_timeout_seconds": ("1.5", KUBE, lambda r: _timeouts(r).connect_s, 1.5),
+    "apiserver_list_timeout_seconds": ("90", KUBE, lambda r: _timeouts(r).list_s, 90.0),
+    "watch_read_slack_seconds": ("12", KUBE, lambda r: _timeouts(r).watch_read_slack_s, 12.0),
     "max_body_bytes": ("70000", FILE, lambda r: r.main()["app"].state.max_body, 70000),
     "max_node_names": ("99", FILE, lambda r: r.build()[0].options.max_node_names, 99),
     "max_json_values": ("5000", FILE, lambda r: r.main()["app"].state.max_values, 5000),
@@ -326,6 +337,12 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
 }
 
 
+def _timeouts(r: Rig) -> kube.CallTimeouts:
+    """What the apiserver calls use once the kube source is built (restored by `restore_process`)."""
+    r.build()
+    return kube.call_timeouts()
+
+
 def _lead(r: Rig) -> set[tuple[str, str, bool]]:
     """A standby unlabels its own pod, taking the lease labels it (namespace from pod_namespace); the apiserver
     calls behind that (clearing other labels, seeding) fail here and are logged."""
@@ -344,9 +361,11 @@ def restore_process() -> Iterator[None]:
 
     root = logging.getLogger()
     handlers, level, term = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
+    timeouts = kube.call_timeouts()
     yield
     root.handlers[:], root.level = handlers, level
     signal.signal(signal.SIGTERM, term)
+    kube.configure_timeouts(timeouts)
 
 
 @pytest.mark.parametrize("source", ["flag", "env", "file"])
