@@ -38,6 +38,9 @@ POD_VIOLATION = PREFIX + "violation"
 POD_NODE_POLICY = PREFIX + "node-policy"
 POD_GPU_POLICY = PREFIX + "gpu-policy"
 POD_USE_GPU_MODELS = PREFIX + "use-gpu-models"
+# "off": the webhook leaves the pod's vLLM / SGLang memory flags as written (vgpu.model_servers).
+POD_MODEL_SERVER_SIZING = PREFIX + "model-server-sizing"
+MODEL_SERVER_SIZING_OFF = "off"
 # Pod labels the webhook stamps: static slice facts llm-d's endpoint picker copies onto its endpoints.
 LABEL_MANAGED = PREFIX + "managed"  # "true": the webhook admitted this pod as a vGPU pod
 LABEL_ROLE = PREFIX + "role"  # prefill | decode | prefill-decode | encode | encode-prefill | encode-prefill-decode
@@ -96,6 +99,7 @@ KEYS: tuple[Key, ...] = (
     Key(POD_NODE_POLICY, "annotation", "Pod"),
     Key(POD_GPU_POLICY, "annotation", "Pod"),
     Key(POD_USE_GPU_MODELS, "annotation", "Pod"),
+    Key(POD_MODEL_SERVER_SIZING, "annotation", "Pod"),
     *(Key(k, "label", "Pod") for k in WEBHOOK_LABELS),
     Key(LABEL_WEBHOOK, "label", "Pod, Namespace"),
     Key(EXTENDER_LEADER_LABEL, "label", "Pod"),

@@ -25,6 +25,7 @@ from vgpu.roles import detect_role
 from webhook.advice import pod_warnings
 from webhook.capacity import InventorySummary, check_capacity
 from webhook.config import WebhookConfig
+from webhook.model_servers import plan as size_model_servers
 from webhook.mutators import MutationContext, mutate
 from webhook.patch import PatchOp
 from webhook.review import AdmissionRequest, AdmissionResponse, Status
@@ -119,8 +120,10 @@ def decide(
     )
     if not mutating:
         return Outcome(allowed=True, kind="admitted")
-    ops = tuple(mutate(pod, ctx))
+    sized = size_model_servers(pod, pod_request, summary, overrides.gpu_models)
+    ops = (*mutate(pod, ctx), *sized.ops)
     warnings += pod_warnings(pod, ctx)
+    warnings += sized.warnings
     return Outcome(
         allowed=True,
         ops=ops,
