@@ -47,7 +47,20 @@ class AllocationCollector(Collector):
         node_cores = GaugeMetricFamily(
             "vgpu_node_cores_allocated_ratio", "Share of the node's SMs reserved by slices (0-1)", labels=["Hostname"]
         )
+        cordoned = GaugeMetricFamily(
+            "vgpu_gpu_cordoned", "1 if the admin cordoned the GPU (vgpu.io/cordoned-gpus): no new slices", labels=labels
+        )
+        node_cordoned = GaugeMetricFamily(
+            "vgpu_node_cordoned_gpus", "GPUs of the node's inventory that are cordoned", labels=["Hostname"]
+        )
+        cordon_invalid = GaugeMetricFamily(
+            "vgpu_node_cordon_invalid_entries",
+            "Entries of the node's cordon annotation not honoured as written: malformed (not a GPU UUID, ignored) or"
+            " unknown (not in the inventory, kept)",
+            labels=["Hostname", "problem"],
+        )
         for node in self.state.nodes.values():
+            node_cordon = node.inventory.cordon
             node_total = 0
             mem_sum = 0
             cores_used = 0
@@ -60,6 +73,7 @@ class AllocationCollector(Collector):
                 cores.add_metric(lv, u.cores_used / d.cores)
                 sharers.add_metric(lv, u.sharers)
                 healthy.add_metric(lv, 1.0 if d.healthy else 0.0)
+                cordoned.add_metric(lv, 1.0 if d.uuid in node_cordon.uuids else 0.0)
                 by_role: dict[str, int] = {}
                 for h in u.holders:
                     by_role[h.role.value] = by_role.get(h.role.value, 0) + 1
@@ -72,6 +86,9 @@ class AllocationCollector(Collector):
             node_alloc.add_metric([node.name], node_total * MIB)
             node_mem_total.add_metric([node.name], mem_sum * MIB)
             node_cores.add_metric([node.name], cores_used / cores_sum if cores_sum else 0.0)
+            node_cordoned.add_metric([node.name], sum(1 for u in node.gpus if u.device.uuid in node_cordon.uuids))
+            cordon_invalid.add_metric([node.name, "malformed"], len(node_cordon.malformed))
+            cordon_invalid.add_metric([node.name, "unknown"], len(node_cordon.unknown))
         pods = GaugeMetricFamily("vgpu_allocated_pods", "Pods holding slices")
         pods.add_metric([], len(self.state.assignments))
         orphans = GaugeMetricFamily("vgpu_orphan_allocations", "Assignments whose node or GPU is unknown")
@@ -79,7 +96,7 @@ class AllocationCollector(Collector):
         conflicts = GaugeMetricFamily("vgpu_conflicting_allocations", "Assignments that would over-commit a GPU")
         conflicts.add_metric([], len(self.state.conflicts))
         yield from (mem_total, mem_alloc, cores, sharers, roles, healthy, node_alloc, pods, orphans, conflicts)
-        yield from (node_mem_total, node_cores)
+        yield from (node_mem_total, node_cores, cordoned, node_cordoned, cordon_invalid)
 
 
 class ExtenderMetrics:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vgpu import annotations as ann
+from vgpu import cordon
 from vgpu.claims import Claim, order_key, settle
 from vgpu.devices import NodeInventory
 from vgpu.errors import CapacityError, CodecError
@@ -51,6 +52,8 @@ class StateSync:
         self.first_seen: dict[str, float] = {}
         # Claims refused because they over-commit a GPU: retried, best first, whenever capacity frees.
         self.contested: dict[str, Claim] = {}
+        # node -> the cordon problems last reported, so a periodic inventory write does not repeat them.
+        self._cordon_reported: dict[str, tuple[str, ...]] = {}
 
     # -- nodes ----------------------------------------------------------------------------------
 
@@ -59,8 +62,10 @@ class StateSync:
         name = str(meta.get("name") or "")
         if not name:
             return
-        raw = (meta.get("annotations") or {}).get(ann.NODE_INVENTORY)
+        annotations = meta.get("annotations") or {}
+        raw = annotations.get(ann.NODE_INVENTORY)
         if kind == "DELETED" or raw is None:
+            self._cordon_reported.pop(name, None)
             self.state.remove_node(name)
             return
         try:
@@ -70,7 +75,18 @@ class StateSync:
             log.warning("ignoring node inventory", extra={"node": name, "error": str(exc)})
             return
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        self.state.upsert_node(NodeInventory(name=name, gpus=gpus, labels=labels))
+        cordoned = cordon.parse_cordon(annotations, (g.uuid for g in gpus))
+        self._report_cordon(name, tuple(cordon.problems(name, cordoned)))
+        self.state.upsert_node(NodeInventory(name=name, gpus=gpus, labels=labels, cordon=cordoned))
+
+    def _report_cordon(self, name: str, problems: tuple[str, ...]) -> None:
+        """Log and count a node's cordon entries that cannot be honoured as written, once per change."""
+        if self._cordon_reported.get(name, ()) == problems:
+            return
+        self._cordon_reported[name] = problems
+        for message in problems:
+            self._problem("cordon", message)
+            log.error("GPU cordon entry not honoured as written", extra={"node": name, "error": message})
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         seen: set[str] = set()
