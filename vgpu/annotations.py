@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from vgpu.devices import GpuDevice
-from vgpu.errors import CodecError
+from vgpu.errors import AnnotationError, CodecError
 from vgpu.roles import Role
 
 PREFIX = "vgpu.io/"
@@ -38,6 +38,7 @@ POD_VIOLATION = PREFIX + "violation"
 POD_NODE_POLICY = PREFIX + "node-policy"
 POD_GPU_POLICY = PREFIX + "gpu-policy"
 POD_USE_GPU_MODELS = PREFIX + "use-gpu-models"
+POD_REQUIRE_NVLINK = PREFIX + "require-nvlink"  # "true": a multi-GPU container only on NVLink peers (vgpu.topology)
 # "off": the webhook leaves the pod's vLLM / SGLang memory flags as written (vgpu.model_servers).
 POD_MODEL_SERVER_SIZING = PREFIX + "model-server-sizing"
 MODEL_SERVER_SIZING_OFF = "off"
@@ -99,6 +100,7 @@ KEYS: tuple[Key, ...] = (
     Key(POD_NODE_POLICY, "annotation", "Pod"),
     Key(POD_GPU_POLICY, "annotation", "Pod"),
     Key(POD_USE_GPU_MODELS, "annotation", "Pod"),
+    Key(POD_REQUIRE_NVLINK, "annotation", "Pod"),
     Key(POD_MODEL_SERVER_SIZING, "annotation", "Pod"),
     *(Key(k, "label", "Pod") for k in WEBHOOK_LABELS),
     Key(LABEL_WEBHOOK, "label", "Pod, Namespace"),
@@ -407,6 +409,17 @@ def parse_gpu_models(value: str | None) -> frozenset[str] | None:
     if not value:
         return None
     return frozenset(m.strip() for m in value.split(",") if m.strip()) or None
+
+
+def require_nvlink(annotations: Mapping[str, object]) -> bool:
+    """`vgpu.io/require-nvlink`: "true" holds every multi-GPU container of the pod to GPUs that are all NVLink
+    peers; "false" or absent leaves it a preference. AnnotationError on any other value."""
+    value = annotations.get(POD_REQUIRE_NVLINK)
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    raise AnnotationError(key=POD_REQUIRE_NVLINK, value=str(value), allowed='"true" or "false"')
 
 
 def pod_overrides(annotations: Mapping[str, object]) -> PodOverrides:

@@ -117,6 +117,11 @@ class PlacementConfig:
     roles: RoleRules = field(default_factory=RoleRules)
     # Schedule onto GPUs whose node inventory reports them unhealthy: never by default.
     allow_unhealthy: bool = False
+    # Multi-GPU containers get NVLink-connected GPU sets, else one NUMA node's, before the policy's own order, and
+    # a node scores `topology_weight` x how well the set it gives is connected (vgpu.topology, docs/topology.md).
+    # Off: the order before topology (the benchmark's baseline); a pod's vgpu.io/require-nvlink still holds.
+    topology: bool = True
+    topology_weight: float = 2.0
     # Let a pod's vgpu.io/node-policy name a benchmark experiment (vgpu.placement.registry.EXPERIMENTAL). Only the
     # replay benchmarks set it; no service setting maps to it, so a cluster's pods get production policies only.
     experimental_policies: bool = False

@@ -18,6 +18,20 @@ class RequestError(VgpuError):
         super().__init__(f"container {container!r}: {resource}={value!r} is invalid; allowed: {allowed}")
 
 
+class AnnotationError(RequestError):
+    """A pod annotation's value can never be honoured; names the key, the value and what is allowed.
+
+    A RequestError, so every path that refuses an impossible request (the webhook, /filter on every node,
+    /bind) refuses it the same way."""
+
+    def __init__(self, *, key: str, value: str, allowed: str) -> None:
+        self.container = ""
+        self.resource = f"annotation {key}"
+        self.value = value
+        self.allowed = allowed
+        VgpuError.__init__(self, f"annotation {key}={value!r} is invalid; allowed: {allowed}")
+
+
 class CodecError(VgpuError):
     """An annotation value could not be decoded."""
 

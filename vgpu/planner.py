@@ -24,6 +24,7 @@ from vgpu.placement.base import NodePolicy
 from vgpu.placement.role_score import role_score
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState, GpuUsage
+from vgpu.topology import placement_score
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 PriorityMapping = Literal["rank", "minmax"]
@@ -168,6 +169,10 @@ class Planner:
         if isinstance(fit, FitFailure):
             return NodeResult(None, failure=fit)
         score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
+        if self.config.topology and self.config.topology_weight:
+            linked = placement_score(node.topology, fit.containers)
+            if linked is not None:  # a multi-GPU pod: nodes that give a connected set score higher
+                score += self.config.topology_weight * linked
         return NodeResult(fit, score=score)
 
     def _memo_for(

@@ -15,6 +15,7 @@ from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.errors import CapacityError
 from vgpu.roles import Role
+from vgpu.topology import NodeTopology, node_topology
 
 
 @dataclass(slots=True)
@@ -127,6 +128,7 @@ class NodeState:
     # Cache of `vgpu.placement.gpushare.node_frees` for `version` (placement scores read it per node
     # evaluation, the state only changes at a new version).
     frees_memo: tuple[int, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
+    topology_memo: NodeTopology | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> NodeState:
@@ -136,6 +138,15 @@ class NodeState:
     @property
     def name(self) -> str:
         return self.inventory.name
+
+    @property
+    def topology(self) -> NodeTopology:
+        """NVLink cliques and NUMA nodes of the GPUs (vgpu.topology): once per inventory, which never changes
+        for a NodeState (a new inventory makes a new one)."""
+        topo = self.topology_memo
+        if topo is None:
+            topo = self.topology_memo = node_topology(self.inventory.gpus)
+        return topo
 
     def used_share(self) -> float:
         if not self.gpus:

@@ -1,0 +1,153 @@
+"""NVLink and NUMA facts of one node's GPUs, and the choice of a connected GPU set for a multi-GPU container.
+
+Tensor-parallel shards exchange activations on every layer: over NVLink (~300 GB/s effective, NVLink4) they
+barely notice, over PCIe (~50 GB/s) and across NUMA nodes they slow down (vgpu/perf/params.py LINK_GB_S).
+So a container asking for k > 1 GPUs gets, in this order of preference, k GPUs that are all NVLink peers of
+each other (an NVSwitch domain is all-to-all; on one NUMA node before across two), k GPUs on one NUMA node,
+or the k the GPU policy ranks first. Inside a tier the policy's order still decides: the set taken is the
+lexicographically first one in it.
+
+The facts come from the node inventory (`nvlink_peers`, `numa`; the device plugin reads them from NVML,
+a cluster file states them). Two GPUs are linked when either lists the other, so a hand-written inventory
+need not repeat every link on both ends. A node whose GPUs carry no links and at most one NUMA value is
+`flat`: every set is equivalent there and the choice is exactly the policy's (the openb traces have no
+topology and pack as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from vgpu.annotations import ContainerAssignment
+from vgpu.devices import GpuDevice
+
+
+class Link(IntEnum):
+    """How well a GPU set is connected; lower is better. "One NUMA node" counts GPUs whose NUMA node is
+    unknown as one node: nothing is known against it, and a node without NUMA facts is not penalised."""
+
+    NVLINK = 0  # every pair NVLink peers, on one NUMA node
+    NVLINK_CROSS_NUMA = 1  # every pair NVLink peers, across NUMA nodes (e.g. TP8 on an NVSwitch node)
+    NUMA = 2  # one NUMA node, not all NVLink peers
+    NONE = 3  # across NUMA nodes without NVLink between every pair
+
+
+# The node score's topology term for a multi-GPU container's set, times PlacementConfig.topology_weight (2): a
+# node policy scores in [0, 1], so any NVLink set (>= 0.75 x 2) outscores every set without one (<= 0.25 x 2)
+# whatever the policy says, while one NUMA node over two is worth half the policy's range.
+LINK_SCORE = {Link.NVLINK: 1.0, Link.NVLINK_CROSS_NUMA: 0.75, Link.NUMA: 0.25, Link.NONE: 0.0}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """The maximal NVLink cliques (all-to-all groups of two or more GPUs) and the NUMA node of each GPU."""
+
+    cliques: tuple[frozenset[str], ...]
+    numa: dict[str, int | None]
+    peers: dict[str, frozenset[str]]
+    # No links and no NUMA distinction: every GPU set is as connected as any other.
+    flat: bool
+
+    def largest_clique(self, among: set[str]) -> int:
+        """The most GPUs of `among` that are all NVLink peers of each other (1 when none are linked)."""
+        best = 1 if among else 0
+        for c in self.cliques:
+            best = max(best, len(c & among))
+        return best
+
+    def link(self, uuids: Sequence[str]) -> Link:
+        """How the GPUs `uuids` are connected (a single GPU counts as NVLink-connected on one NUMA node)."""
+        one_numa = len({self.numa.get(u) for u in uuids}) <= 1
+        for i, a in enumerate(uuids):
+            near = self.peers.get(a, frozenset())
+            if any(b not in near for b in uuids[i + 1 :]):
+                return Link.NUMA if one_numa else Link.NONE
+        return Link.NVLINK if one_numa else Link.NVLINK_CROSS_NUMA
+
+
+def node_topology(gpus: Sequence[GpuDevice]) -> NodeTopology:
+    """The topology of one node's GPUs (links to GPUs not in `gpus` are ignored)."""
+    present = {g.uuid for g in gpus}
+    adjacent: dict[str, set[str]] = {g.uuid: set() for g in gpus}
+    for g in gpus:
+        for p in g.nvlink_peers:
+            if p in present and p != g.uuid:
+                adjacent[g.uuid].add(p)
+                adjacent[p].add(g.uuid)
+    peers = {u: frozenset(v) for u, v in adjacent.items()}
+    cliques = _maximal_cliques(peers)
+    order = {g.uuid: g.index for g in gpus}
+    cliques.sort(key=lambda c: (-len(c), min(order[u] for u in c)))
+    numa = {g.uuid: g.numa for g in gpus}
+    flat = not cliques and len(set(numa.values())) <= 1
+    return NodeTopology(cliques=tuple(cliques), numa=numa, peers=peers, flat=flat)
+
+
+def _maximal_cliques(peers: dict[str, frozenset[str]]) -> list[frozenset[str]]:
+    """Bron-Kerbosch with pivoting over the link graph; cliques of one GPU are left out.
+
+    Node-sized graphs (8-16 GPUs; 64 at most in a cluster file) keep this to microseconds, and it runs once
+    per node inventory (NodeState keeps the result)."""
+    out: list[frozenset[str]] = []
+
+    def expand(r: frozenset[str], p: set[str], x: set[str]) -> None:
+        if not p and not x:
+            if len(r) > 1:
+                out.append(r)
+            return
+        pivot = max(p | x, key=lambda u: len(peers[u] & p))
+        for v in list(p - peers[pivot]):
+            expand(r | {v}, p & peers[v], x & peers[v])
+            p.discard(v)
+            x.add(v)
+
+    expand(frozenset(), set(peers), set())
+    return out
+
+
+def choose(order: Sequence[str], count: int, topo: NodeTopology) -> tuple[list[int], Link]:
+    """Positions in `order` (candidate GPUs, the policy's preference first) of the `count` GPUs to take.
+
+    The best-connected tier (`Link`) that has `count` candidates wins; inside it, the lexicographically first
+    set of positions. Only a few sets need looking at: any set of a tier lies inside one group (a maximal
+    NVLink clique, its part on one NUMA node, one NUMA node, or the whole node), and that group's first
+    `count` candidates are at least as early and at least as well connected. So each group's first `count`
+    is a candidate and no subsets are enumerated (an 8-GPU NVSwitch node: four sets, not 70 for TP4).
+    """
+    if count <= 1 or topo.flat:
+        return list(range(min(count, len(order)))), Link.NVLINK if count <= 1 else topo.link(order[:count])
+    groups: list[list[int]] = [list(range(len(order)))]
+    by_numa: dict[int | None, list[int]] = {}
+    for i, u in enumerate(order):
+        by_numa.setdefault(topo.numa.get(u), []).append(i)
+    groups += by_numa.values()
+    for clique in topo.cliques:
+        if len(clique) < count:
+            break  # largest first
+        inside = [i for i, u in enumerate(order) if u in clique]
+        groups.append(inside)
+        if len(by_numa) > 1:
+            split: dict[int | None, list[int]] = {}
+            for i in inside:
+                split.setdefault(topo.numa.get(order[i]), []).append(i)
+            groups += split.values()
+    best: tuple[Link, list[int]] | None = None
+    for group in groups:
+        if len(group) < count:
+            continue
+        pos = group[:count]
+        cand = (topo.link([order[i] for i in pos]), pos)
+        if best is None or cand < best:
+            best = cand
+    if best is None:
+        raise ValueError(f"{count} GPUs asked of {len(order)} candidates")
+    return best[1], best[0]
+
+
+def placement_score(topo: NodeTopology, containers: Sequence[ContainerAssignment]) -> float | None:
+    """Mean `LINK_SCORE` of the containers that hold more than one slice; None when none does (a single-GPU
+    pod scores no topology term, so its node order is the policy's alone)."""
+    scores = [LINK_SCORE[topo.link([d.uuid for d in c.devices])] for c in containers if len(c.devices) > 1]
+    return sum(scores) / len(scores) if scores else None
