@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vgpu.kubelet_topology import NodePolicy
+
 DEFAULT_SPLIT_COUNT = 10
 
 
@@ -56,6 +58,8 @@ class NodeInventory:
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    # The node's kubelet Topology Manager as the inventory states it (vgpu.kubelet_topology); None: none.
+    kubelet: NodePolicy | None = None
     cordon: Cordon = Cordon()
 
     @property

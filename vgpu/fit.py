@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from vgpu.annotations import POD_REQUIRE_NVLINK, Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
+from vgpu.kubelet_topology import fit_offer
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import GpuUsage, NodeState, slice_blocker
@@ -120,7 +121,12 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
     by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
     topo = node.topology
     near = near_counterpart(node, pod) if by_role_order and config.topology else frozenset()
+    pod_count = sum(r.count for r in pod.request.containers)
     for req in pod.request.containers:
+        # Kubelet agreement: only GPUs whose replicas the kubelet will offer (vgpu.kubelet_topology).
+        offer = fit_offer(inv.kubelet, node.gpus, extra, req.count, pod_count)
+        if offer is not None and offer.refusal is not None:
+            return FitFailure(f"container {req.container!r}: {offer.refusal}")
         candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
         blocked = dict(excluded)
         sizes: dict[tuple[int, int], tuple[int, int, bool]] = {}  # (card MiB, cores) -> slice and too-small
@@ -137,6 +143,9 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
             mem, cores, small = size
             if small:
                 blocked["too-small"] = blocked.get("too-small", 0) + 1
+                continue
+            if offer is not None and not offer.allows(dev.uuid):
+                blocked[offer.why] = blocked.get(offer.why, 0) + 1
                 continue
             e = extra.get(dev.uuid, _NONE)
             why = slice_blocker(
@@ -188,6 +197,8 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
                     ),
                     unresolvable=ever < req.count,
                 )
+        if offer is not None and (why := offer.problem(t[3].device.uuid for t in chosen)) is not None:
+            return FitFailure(f"container {req.container!r}: {why}")
         devices: list[DeviceSlice] = []
         for _, _, _, u, mem, cores in chosen:
             devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))
