@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 import orjson
 
-from vgpu import annotations as ann
+from vgpu import hami
+from vgpu.annotations import POD_REQUIRE_NVLINK, require_nvlink
 from vgpu.config import RequestDefaults, ResourceNames
-from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.errors import AnnotationError, RequestError, UnknownPolicyError
 from vgpu.placement import registry
 from vgpu.podshape import PodShapeError, check_pod_shape
 from vgpu.requests import parse_pod_request
@@ -95,18 +96,28 @@ def decide(
         return deny(str(exc))
     if pod_request.is_empty:
         return Outcome(allowed=True)
-    overrides = ann.pod_overrides(_annotations(pod))
+    try:
+        selection = hami.select(_annotations(pod))  # kube-vgpu's keys, and HAMi's where ours are not given
+    except hami.AnnotationValueError as exc:
+        return deny(str(exc))
+    overrides = selection.overrides
     try:
         registry.check_pod_overrides(overrides)  # production policies only: a pod cannot pick a benchmark experiment
     except UnknownPolicyError as exc:
         return deny(str(exc))
-    warnings: list[str] = []
+    try:
+        nvlink = require_nvlink(_annotations(pod))
+    except AnnotationError as exc:
+        return deny(str(exc))
+    warnings: list[str] = list(selection.notes)  # HAMi keys not used as written, and why
     if summary is not None and summary.nodes:
         error = check_capacity(pod_request, summary, settings.names, overrides.gpu_models)
         if error is not None:
             return deny(str(error))
     elif inventory_expected and mutating:
         warnings.append(INVENTORY_UNKNOWN)
+    if nvlink and all(c.count <= 1 for c in pod_request.containers):
+        warnings.append(f"{POD_REQUIRE_NVLINK}: no container asks for more than one vGPU, so it has nothing to connect")
     decision = detect_role(pod)
     ctx = MutationContext(
         request=pod_request,
