@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,11 @@ def _args(container: Mapping[str, Any]) -> list[str]:
     return out
 
 
+# The flags are looked for in at most this much of a container's command and args (joined): real vLLM and SGLang
+# command lines are a few KB; beyond the cap a flag is not seen (the role falls back to the default).
+MAX_SCAN_CHARS = 256 * 1024
+
+
 def _flag_value(args: list[str], flag: str) -> str | None:
     """Value of `--flag=v` or `--flag v`, also inside shell strings such as `sh -c "vllm serve ..."`."""
     for i, arg in enumerate(args):
@@ -60,24 +64,101 @@ def _flag_value(args: list[str], flag: str) -> str | None:
             return args[i + 1]
         if arg.startswith(flag + "="):
             return arg[len(flag) + 1 :]
-    joined = " ".join(args)
-    m = re.search(re.escape(flag) + r"(?:=|\s+)('([^']*)'|\"((?:[^\"\\]|\\.)*)\"|(\S+))", joined)
-    if m is None:
-        return None
-    if m.group(3) is not None:  # double-quoted shell word: undo \" and \\ as the shell would
-        return re.sub(r"\\(.)", r"\1", m.group(3))
-    return m.group(2) if m.group(2) is not None else m.group(4)
+    return flag_in_text(" ".join(args)[:MAX_SCAN_CHARS], flag)
+
+
+def flag_in_text(text: str, flag: str) -> str | None:
+    """The first `flag=WORD` or `flag WORD` in shell text, WORD '...', "..." (\\ escapes undone) or unquoted.
+
+    A forward scan, not a regex: each occurrence of `flag` is looked at once and each character at most a bounded
+    number of times, so a pod author's text costs linear time whatever it holds (tests/unit/test_roles.py checks it
+    against the regex it replaces: flag (?:=|\\s+) ('([^']*)'|"((?:[^"\\\\]|\\\\.)*)"|(\\S+)))."""
+    n, start = len(text), 0
+    while (i := text.find(flag, start)) >= 0:
+        start = i + 1
+        j = i + len(flag)
+        if j < n and text[j] == "=":
+            j += 1
+        else:
+            k = j
+            while k < n and text[k].isspace():
+                k += 1
+            if k == j:
+                continue  # neither = nor whitespace: a longer flag
+            j = k
+        if j >= n or text[j].isspace():
+            continue
+        if text[j] == "'" and (close := text.find("'", j + 1)) >= 0:
+            return text[j + 1 : close]
+        if text[j] == '"' and (quoted := _double_quoted(text, j + 1)) is not None:
+            return quoted
+        k = j
+        while k < n and not text[k].isspace():
+            k += 1
+        return text[j:k]
+    return None
+
+
+def _double_quoted(text: str, p: int) -> str | None:
+    """The shell word from `p` (after an opening ") to the closing ", with \\x read as x; None if unclosed or a
+    backslash ends a line (the regex's `\\.` does not match a newline)."""
+    out: list[str] = []
+    n = len(text)
+    while p < n:
+        c = text[p]
+        if c == '"':
+            return "".join(out)
+        if c == "\\":
+            if p + 1 >= n or text[p + 1] == "\n":
+                return None
+            out.append(text[p + 1])
+            p += 2
+            continue
+        out.append(c)
+        p += 1
+    return None
 
 
 def _kv_role(raw: str) -> str | None:
     try:
         cfg = json.loads(raw)
     except ValueError:
-        m = re.search(r"""["']?kv_role["']?\s*:\s*["']?(kv_\w+)""", raw)
-        return m.group(1) if m else None
+        return kv_role_in_text(raw[:MAX_SCAN_CHARS])
     if isinstance(cfg, Mapping):
         value = cfg.get("kv_role")
         return str(value) if value is not None else None
+    return None
+
+
+def _is_word(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def kv_role_in_text(text: str) -> str | None:
+    """`kv_role: kv_x` in a config that is not JSON (quotes optional): the first kv_x, by a forward scan (as the
+    regex it replaces: ["']?kv_role["']?\\s*:\\s*["']?(kv_\\w+))."""
+    n, start = len(text), 0
+    while (i := text.find("kv_role", start)) >= 0:
+        start = i + 1
+        j = i + len("kv_role")
+        if j < n and text[j] in "\"'":
+            j += 1
+        while j < n and text[j].isspace():
+            j += 1
+        if j >= n or text[j] != ":":
+            continue
+        j += 1
+        while j < n and text[j].isspace():
+            j += 1
+        if j < n and text[j] in "\"'":
+            j += 1
+        if not text.startswith("kv_", j):
+            continue
+        k = j + 3
+        while k < n and _is_word(text[k]):
+            k += 1
+        if k > j + 3:
+            return text[j:k]
     return None
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from vgpu.roles import Role, detect_role, model_identity
+from vgpu import roles
+from vgpu.roles import MAX_SCAN_CHARS, Role, detect_role, flag_in_text, kv_role_in_text, model_identity
 
 VLLM = ["vllm", "serve", "Qwen/Qwen3-32B", "--port", "8200", "--enforce-eager"]
 SGLANG = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-32B", "--port", "8000"]
@@ -169,3 +173,89 @@ def test_same_model_name_in_two_namespaces_is_two_identities() -> None:
     a = model_identity(_pod(labels={"llm-d.ai/model": "m"}, namespace="a"))
     b = model_identity(_pod(labels={"llm-d.ai/model": "m"}, namespace="b"))
     assert a is not None and b is not None and a != b
+
+
+# --- parsing pod-author text without regexes: the same answers as the regexes replaced, in linear time -----------
+
+# The regexes vgpu.roles used before its forward scans, kept here as the specification they must agree with.
+_FLAG_REGEX = r"(?:=|\s+)('([^']*)'|\"((?:[^\"\\]|\\.)*)\"|(\S+))"
+_KV_REGEX = re.compile(r"""["']?kv_role["']?\s*:\s*["']?(kv_\w+)""")
+
+
+def _flag_by_regex(text: str, flag: str) -> str | None:
+    m = re.search(re.escape(flag) + _FLAG_REGEX, text)
+    if m is None:
+        return None
+    if m.group(3) is not None:
+        return re.sub(r"\\(.)", r"\1", m.group(3))
+    return m.group(2) if m.group(2) is not None else m.group(4)
+
+
+def _kv_by_regex(text: str) -> str | None:
+    m = _KV_REGEX.search(text)
+    return m.group(1) if m else None
+
+
+# Text built from the pieces that matter to these grammars (flag, =, quotes, backslashes, whitespace incl. newline
+# and a Unicode space, word characters), so that the interesting cases are common rather than rare.
+_PIECES = st.sampled_from(
+    ["--kv-transfer-config", "--kv", "=", " ", "  ", "\t", "\n", "\u2003", "'", '"', "\\", "\\\"", "x", "kv_",
+     "kv_role", ":", "{", "}", "kv_producer", "é", "1", "_", ",", "-"]
+)  # fmt: skip
+_TEXT = st.lists(_PIECES, max_size=40).map("".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_TEXT)
+def test_flag_scan_agrees_with_the_regex_it_replaced(text: str) -> None:
+    assert flag_in_text(text, "--kv-transfer-config") == _flag_by_regex(text, "--kv-transfer-config")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_TEXT)
+def test_kv_role_scan_agrees_with_the_regex_it_replaced(text: str) -> None:
+    assert kv_role_in_text(text) == _kv_by_regex(text)
+
+
+# Inputs that make a backtracking matcher work hardest: every occurrence of the flag or key an almost-match.
+_ADVERSARIAL = [
+    "--kv-transfer-config" + " " * 200_000,
+    '--kv-transfer-config "' + "\\x" * 100_000,
+    "--kv-transfer-config= " * 10_000,
+    ("--kv-transfer-config" + " " * 50) * 4_000,
+    "kv_role" + " " * 200_000 + ":" + " " * 200_000,
+    "kv_role: " * 40_000,
+    ("kv_role'" + "\t" * 30 + ": '" + "kv" + " ") * 5_000,
+]
+
+
+@pytest.mark.parametrize("text", _ADVERSARIAL, ids=lambda t: f"{t[:24]!r}x{len(t)}")
+def test_adversarial_text_is_scanned_in_one_pass(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear by counting, not timing: every character the scans read goes through str.isspace / _is_word or
+    str.find; the count of per-character reads stays within a small multiple of the text's length."""
+    reads = 0
+    real_is_word = roles._is_word
+
+    def counting_is_word(c: str) -> bool:
+        nonlocal reads
+        reads += 1
+        return real_is_word(c)
+
+    class Text(str):
+        def __getitem__(self, key: Any) -> Any:  # every character the scans look at
+            nonlocal reads
+            reads += 1
+            return str.__getitem__(self, key)
+
+    monkeypatch.setattr(roles, "_is_word", counting_is_word)
+    flag_in_text(Text(text), "--kv-transfer-config")
+    kv_role_in_text(Text(text))
+    assert reads <= 4 * len(text) + 100, f"{reads} character reads for {len(text)} characters"
+
+
+def test_flags_past_the_scan_cap_are_not_seen_and_inside_it_are() -> None:
+    producer = "--kv-transfer-config '" + _kv("kv_producer") + "'"
+    pad = "x" * (MAX_SCAN_CHARS - 1000)
+    assert detect_role(_pod(command=["sh", "-c", f"vllm serve m {pad} {producer}"])).role is Role.PREFILL
+    far = "x" * MAX_SCAN_CHARS
+    assert detect_role(_pod(command=["sh", "-c", f"vllm serve m {far} {producer}"])).role is Role.PREFILL_DECODE
