@@ -413,9 +413,9 @@ def parse_gpu_models(value: str | None) -> frozenset[str] | None:
 
 def require_nvlink(annotations: Mapping[str, object]) -> bool:
     """`vgpu.io/require-nvlink`: "true" holds every multi-GPU container of the pod to GPUs that are all NVLink
-    peers; "false" or absent leaves it a preference. AnnotationError on any other value."""
+    peers; "false", empty or absent leaves it a preference. AnnotationError on any other value."""
     value = annotations.get(POD_REQUIRE_NVLINK)
-    if value is None or value == "false":
+    if value is None or value in ("", "false"):  # empty reads as absent, like the other vgpu.io/ pod keys
         return False
     if value == "true":
         return True

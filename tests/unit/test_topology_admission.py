@@ -1,0 +1,43 @@
+"""The webhook on vgpu.io/require-nvlink: a bad value denied naming the key and the allowed values, a pointless one warned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from webhook.admission import Settings, decide
+from webhook.review import AdmissionRequest, AdmissionReview
+from webhook.testing import make_review
+
+
+def _request(annotations: dict[str, str], gpus: str = "2") -> AdmissionRequest:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+    }
+    parsed = AdmissionReview.model_validate(make_review(pod)).request
+    assert parsed is not None
+    return parsed
+
+
+@pytest.mark.parametrize("value", ["yes", "True", "1"])
+def test_a_value_other_than_true_or_false_is_denied(value: str) -> None:
+    out = decide(_request({"vgpu.io/require-nvlink": value}), Settings(), None, inventory_expected=False)
+    assert not out.allowed and out.code == 400
+    assert out.message == f'annotation vgpu.io/require-nvlink={value!r} is invalid; allowed: "true" or "false"'
+
+
+@pytest.mark.parametrize("value", ["true", "false", ""])
+def test_true_and_false_are_admitted(value: str) -> None:
+    out = decide(_request({"vgpu.io/require-nvlink": value}), Settings(), None, inventory_expected=False)
+    assert out.allowed, out.message
+    assert not any("require-nvlink" in w for w in out.warnings)
+
+
+def test_requiring_nvlink_of_a_single_gpu_pod_is_warned() -> None:
+    out = decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="1"), Settings(), None, inventory_expected=False)
+    assert out.allowed
+    assert (
+        "vgpu.io/require-nvlink: no container asks for more than one vGPU, so it has nothing to connect" in out.warnings
+    )
