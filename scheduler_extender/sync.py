@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from vgpu import annotations as ann
-from vgpu import cordon
+from vgpu import cordon, kubelet_topology
 from vgpu.claims import Claim, order_key, settle
 from vgpu.devices import NodeInventory
 from vgpu.errors import CapacityError, CodecError
@@ -70,6 +70,7 @@ class StateSync:
             return
         try:
             gpus = ann.decode_inventory(raw)
+            kubelet = kubelet_topology.policy_of(raw)  # the node's Topology Manager: which GPUs it will offer
         except CodecError as exc:
             self._problem("inventory", f"node {name}: {exc}")
             log.warning("ignoring node inventory", extra={"node": name, "error": str(exc)})
@@ -77,7 +78,7 @@ class StateSync:
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
         cordoned = cordon.parse_cordon(annotations, (g.uuid for g in gpus))
         self._report_cordon(name, tuple(cordon.problems(name, cordoned)))
-        self.state.upsert_node(NodeInventory(name=name, gpus=gpus, labels=labels, cordon=cordoned))
+        self.state.upsert_node(NodeInventory(name=name, gpus=gpus, labels=labels, cordon=cordoned, kubelet=kubelet))
 
     def _report_cordon(self, name: str, problems: tuple[str, ...]) -> None:
         """Log and count a node's cordon entries that cannot be honoured as written, once per change."""

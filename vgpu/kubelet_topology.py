@@ -22,9 +22,12 @@ takes; the extender cannot see their state and passes none ("no preference").
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from vgpu.errors import CodecError
 
 Policy = Literal["none", "best-effort", "restricted", "single-numa-node"]
 Scope = Literal["container", "pod"]
@@ -59,6 +62,54 @@ class NodePolicy:
     def narrows(self) -> bool:
         """Whether the kubelet can narrow which replicas it offers (a policy other than none, NUMA advertised)."""
         return self.policy != "none" and self.numa_advertised
+
+
+# --- in the node inventory annotation ------------------------------------------------------------------
+
+FIELD = "kubelet"  # the inventory annotation's field for NodePolicy (docs/device-plugin.md)
+
+
+def policy_to_obj(p: NodePolicy) -> dict[str, Any]:
+    return {"policy": p.policy, "scope": p.scope, "numaAdvertised": p.numa_advertised, "numaNodes": list(p.numa_nodes)}
+
+
+def with_policy(inventory: str, p: NodePolicy | None) -> str:
+    """The inventory annotation value (vgpu.annotations.encode_inventory) with the `kubelet` field added."""
+    if p is None:
+        return inventory
+    obj = json.loads(inventory)
+    obj[FIELD] = policy_to_obj(p)
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def policy_of(inventory: str) -> NodePolicy | None:
+    """The `kubelet` field of an inventory annotation value; None when absent (an older plugin: the
+    extender then assumes policy none, as before). CodecError names what is wrong."""
+    from vgpu.annotations import NODE_INVENTORY as key  # here: vgpu.annotations imports vgpu.devices, which imports us
+
+    try:
+        obj = json.loads(inventory)
+    except json.JSONDecodeError:
+        return None  # vgpu.annotations.decode_inventory reports it
+    raw = obj.get(FIELD) if isinstance(obj, dict) else None
+    if raw is None:
+        return None
+    where = f"field {FIELD!r}"
+    if not isinstance(raw, dict):
+        raise CodecError(key=key, reason=f"{where} must be an object")
+    nodes = raw.get("numaNodes", [])
+    advertised = raw.get("numaAdvertised", True)
+    if not isinstance(nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes):
+        raise CodecError(key=key, reason=f"{where}: numaNodes must be a list of NUMA node ids")
+    if not isinstance(advertised, bool):
+        raise CodecError(key=key, reason=f"{where}: numaAdvertised must be true or false")
+    try:
+        return NodePolicy(
+            policy=raw.get("policy", "none"), scope=raw.get("scope", "container"),
+            numa_advertised=advertised, numa_nodes=tuple(nodes),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise CodecError(key=key, reason=f"{where}: {exc}") from None
 
 
 def advertises_numa(policy: Policy, mode: Literal["auto", "always", "never"]) -> bool:

@@ -296,3 +296,41 @@ def test_node_policy_is_validated() -> None:
         kt.NodePolicy(policy="strict")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="one of container, pod"):
         kt.NodePolicy(scope="node")  # type: ignore[arg-type]
+
+
+# --- the node inventory carries the policy to the extender ---------------------------------------------
+
+
+def test_the_inventory_carries_the_node_policy_to_the_extender_state() -> None:
+    from scheduler_extender.sync import StateSync
+    from vgpu import annotations as ann
+
+    inv = node("single-numa-node")
+    assert inv.kubelet is not None
+    value = kt.with_policy(ann.encode_inventory(inv.gpus), inv.kubelet)
+    assert ann.decode_inventory(value) == inv.gpus  # readers of the GPUs are unaffected
+    assert kt.policy_of(value) == inv.kubelet
+    s = ClusterState()
+    StateSync(s).node_event("ADDED", {"metadata": {"name": "n", "annotations": {ann.NODE_INVENTORY: value}}})
+    assert s.nodes["n"].inventory.kubelet == inv.kubelet
+    # An inventory from an older plugin has no policy: the extender assumes none (no narrowing).
+    assert kt.policy_of(ann.encode_inventory(inv.gpus)) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"policy": "strict"}, "topology manager policy 'strict' is not one of none, best-effort"),
+        ({"numaNodes": ["0"]}, "numaNodes must be a list of NUMA node ids"),
+        ({"numaAdvertised": "yes"}, "numaAdvertised must be true or false"),
+        ("single-numa-node", "field 'kubelet' must be an object"),
+    ],
+)
+def test_a_bad_policy_in_the_inventory_is_refused_naming_the_field(field: object, message: str) -> None:
+    from vgpu import annotations as ann
+    from vgpu.errors import CodecError
+
+    value = ann.encode_inventory(node("none").gpus)[:-1] + ',"kubelet":' + __import__("json").dumps(field) + "}"
+    with pytest.raises(CodecError, match=message.replace("(", r"\(")) as err:
+        kt.policy_of(value)
+    assert ann.NODE_INVENTORY in str(err.value)
