@@ -94,6 +94,39 @@ def test_mutate_over_https_verified_by_the_ca(server: TlsServer, pki: certs.Cert
     assert b"vgpu_webhook_certificate_expiry_timestamp_seconds" in metrics
 
 
+def test_model_server_flag_over_https(server: TlsServer, pki: certs.CertPaths) -> None:
+    """A vLLM pod on 20000 MiB of the static inventory's 81920 MiB cards: the patch on the wire appends the flag to
+    its args, a second vLLM with its own 0.9 keeps it and the response carries a warning (kubectl prints those)."""
+    pod = {
+        "metadata": {"generateName": "vllm-"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "args": ["--model=Qwen/Qwen2.5-7B-Instruct"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}},
+                },
+                {
+                    "name": "own",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "args": ["--model=m", "--gpu-memory-utilization=0.9"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}},
+                },
+            ]
+        },
+    }
+    status, body, _ = _call(server.port, _context(pki.ca_cert), "POST", "/mutate", make_review(pod))
+    assert status == 200
+    review = json.loads(body)
+    flag = "--gpu-memory-utilization=0.2316"  # (20000 - 1024 margin) / 81920, rounded down
+    assert {"op": "add", "path": "/spec/containers/0/args/-", "value": flag} in patch_ops(review)
+    assert not [op for op in patch_ops(review) if op["path"].startswith("/spec/containers/1/args")]
+    assert any(
+        "container 'own': --gpu-memory-utilization=0.9 (kept as set)" in w for w in review["response"]["warnings"]
+    )
+
+
 def test_untrusted_clients_fail_the_handshake(server: TlsServer) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
         _call(server.port, ssl.create_default_context(), "GET", "/healthz")
