@@ -66,7 +66,17 @@ class GpuTemplate(_Model):
     cores: _Int = Field(default=100, ge=1, le=100)
     split: _Int = Field(default=DEFAULT_SPLIT_COUNT, ge=1)
     numa_nodes: _Int = Field(default=1, alias="numaNodes", ge=1)
-    nvlink: Literal["all", "none"] = "none"
+    nvlink: Literal["all", "pairs", "none"] = "none"
+
+
+def _template_peers(nvlink: str, uuids: list[str], i: int) -> tuple[str, ...]:
+    """all: every GPU a peer (an NVSwitch node); pairs: GPUs 0-1, 2-3, ... bridged (PCIe cards with NVLink
+    bridges, an odd last GPU alone); none: no NVLink."""
+    if nvlink == "all":
+        return tuple(u for u in uuids if u != uuids[i])
+    if nvlink == "pairs" and (i ^ 1) < len(uuids):
+        return (uuids[i ^ 1],)
+    return ()
 
 
 class NodeSpec(_Model):
@@ -109,7 +119,7 @@ def _inventory(spec: NodeSpec) -> NodeInventory:
                 cores=t.cores,
                 split_count=t.split,
                 numa=i * t.numa_nodes // t.count,
-                nvlink_peers=tuple(u for u in uuids if u != uuids[i]) if t.nvlink == "all" else (),
+                nvlink_peers=_template_peers(t.nvlink, uuids, i),
             )
             for i in range(t.count)
         )

@@ -161,7 +161,7 @@ _DELETE = object()
         ),
         (
             _bad(["nodes", 1, "gpuTemplate", "nvlink"], "some"),
-            "nodes.1.gpuTemplate.nvlink: Input should be 'all' or 'none'",
+            "nodes.1.gpuTemplate.nvlink: Input should be 'all', 'pairs' or 'none'",
         ),
         (_bad(["nodes", 1, "gpuTemplate", "count"], 0), "nodes.1.gpuTemplate.count"),
         (_bad(["nodes", 1, "name"], "gpu-a"), "duplicate node names ['gpu-a']"),

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import GPU_MEM, make_assignment, make_container, make_info
 from vgpu import annotations as ann
+from vgpu.clusterfile import parse_cluster
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.errors import AnnotationError
@@ -333,3 +334,13 @@ def test_pod_with_two_tp_containers_gets_a_connected_set_each() -> None:
     for i in range(2):
         pair = _indexes(fit, i)
         assert pair[1] == pair[0] + 1 and pair[0] % 2 == 0
+
+
+def test_cluster_file_template_pairs_bridges_neighbours_and_leaves_an_odd_gpu_alone() -> None:
+    doc = {
+        "version": "v1",
+        "nodes": [{"name": "l40", "gpuTemplate": {"count": 3, "model": "L40S", "memoryMiB": 46068, "nvlink": "pairs"}}],
+    }
+    (node,), _ = parse_cluster(doc)
+    assert [g.nvlink_peers for g in node.gpus] == [("GPU-l40-1",), ("GPU-l40-0",), ()]
+    assert [sorted(c) for c in node_topology(node.gpus).cliques] == [["GPU-l40-0", "GPU-l40-1"]]
