@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from device_plugin import hami_core
 from device_plugin.config import PluginConfig
-from device_plugin.envs import EnvSettings
 from device_plugin.health import HealthBoard, HealthMonitor
 from device_plugin.inventory import InventoryPublisher
 from device_plugin.manager import DeviceManager
+from device_plugin.mps.control import MpsControl, MpsPaths
+from device_plugin.mps.daemon import MpsDaemon, MpsDaemonSettings
+from device_plugin.mps.metrics import MpsCollector
 from device_plugin.nvml.backend import NvmlBackend
 from device_plugin.nvml.discovery import DiscoveryError, discover
 from device_plugin.pods import KubeletPods, PodSource
@@ -59,6 +62,8 @@ class Plugin:
             probe_interval_s=config.health_probe_s,
             recovery_s=config.xid_recovery_s,
         )
+        # MPS first: its node condition is on the board before anything can serve an Allocate.
+        self.mps = self._mps(handles) if config.mps else None
         self.manager = DeviceManager(
             node=config.node_name,
             resource=config.resource_name,
@@ -66,7 +71,7 @@ class Plugin:
             board=self.board,
             pods=pods,
             kubelet=kubelet,
-            settings=EnvSettings(mps=config.mps, cache_dir_on_host=config.cache_dir_on_host),
+            settings=config.env_settings(),
             names=config.resource_names(),
             retry_s=config.allocate_retry_s,
         )
@@ -89,6 +94,24 @@ class Plugin:
         self._reconciler: threading.Thread | None = None
         self.watchdog = self._watchdog(handles, pods, actions) if config.watchdog else None
         self.metrics_servers: list[MetricsServer] = []
+
+    def _mps(self, handles: dict[str, object]) -> MpsDaemon:
+        c = self.config
+        paths = MpsPaths(
+            binary=c.mps_control_binary, pipe_dir=c.mps_pipe_dir, log_dir=c.mps_log_dir, shm_dir=c.mps_shm_dir
+        )
+        return MpsDaemon(
+            MpsControl(paths),
+            self.nvml,
+            handles,
+            self.board,
+            MpsDaemonSettings(
+                probe_interval_s=c.mps_probe_s,
+                backoff_max_s=c.mps_backoff_max_s,
+                default_active_thread_percentage=c.mps_default_active_thread_percentage,
+                default_pinned_mem_limit_mib=c.mps_default_pinned_mem_limit_mib,
+            ),
+        )
 
     def _watchdog(self, handles: dict[str, object], pods: PodSource, actions: KubeActions | None) -> Watchdog:
         c = self.config
@@ -117,8 +140,11 @@ class Plugin:
 
     def _start_telemetry(self, watchdog: Watchdog) -> None:
         """Exporter and EPP feed on their own ports; a port that cannot be bound is logged, not fatal."""
+        node = node_registry(watchdog.snapshot)
+        if self.mps is not None:
+            node.register(MpsCollector(self.mps.status, node=self.config.node_name))
         for port, registry in (
-            (self.config.metrics_port, node_registry(watchdog.snapshot)),
+            (self.config.metrics_port, node),
             (self.config.epp_port, epp_registry(watchdog.snapshot)),
         ):
             if not port:
@@ -146,6 +172,10 @@ class Plugin:
                 return
 
     def start(self) -> None:
+        """OSError if the HAMi-core preload file cannot be written (an Allocate would mount a missing file)."""
+        hami_core.install(self.manager.settings)
+        if self.mps is not None:
+            self.mps.start()
         self.monitor.start()
         self.manager.start()
         self.publisher.start()
@@ -167,5 +197,7 @@ class Plugin:
         self.publisher.stop()
         self.monitor.stop()
         self.manager.stop()
+        if self.mps is not None:
+            self.mps.stop()
         if self._reconciler is not None:
             self._reconciler.join(timeout=5)

@@ -6,12 +6,14 @@ from this model through `vgpu.settings.Schema`; precedence flags > env > file > 
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from device_plugin.envs import EnvSettings
 from device_plugin.watchdog.ladder import parse_steps
 from vgpu.config import ResourceNames
 from vgpu.settings import Problem, Schema
@@ -58,7 +60,36 @@ class PluginConfig(BaseModel):
         default="/var/lib/kubelet/pod-resources/kubelet.sock",
         description="kubelet PodResources API socket (pod identity for Allocate)",
     )
-    mps: bool = Field(default=False, description="hand out MPS limits (CUDA_MPS_*) and mount the MPS pipe")
+    mps: bool = Field(
+        default=False,
+        description="run the MPS control daemon on this node and hand out MPS limits (CUDA_MPS_*), pipe and /dev/shm",
+    )
+    # MPS (docs/enforcement.md, "MPS"): host paths, mounted at the same paths in the plugin's container.
+    mps_control_binary: str = Field(
+        default="nvidia-cuda-mps-control",
+        description="the host driver's nvidia-cuda-mps-control (path or name on PATH)",
+    )
+    mps_pipe_dir: str = Field(default="/var/run/vgpu/mps/pipe", description="MPS pipe folder shared with clients")
+    mps_log_dir: str = Field(default="/var/run/vgpu/mps/log", description="MPS log folder (read-only in clients)")
+    mps_shm_dir: str = Field(
+        default="/var/run/vgpu/mps/shm", description="host folder the daemon and its clients share as /dev/shm"
+    )
+    mps_probe_s: float = Field(default=5.0, description="seconds between MPS control daemon liveness probes")
+    mps_backoff_max_s: float = Field(default=60.0, description="longest wait between MPS daemon restart attempts")
+    mps_default_active_thread_percentage: int = Field(
+        default=0, description="SM percentage for MPS clients that set none (0 = not sent to the daemon)"
+    )
+    mps_default_pinned_mem_limit_mib: int = Field(
+        default=0, description="per-GPU memory MiB for MPS clients that set none (0 = not sent to the daemon)"
+    )
+    hami_core_library: str = Field(
+        default="",
+        description="host path of HAMi-core's libvgpu.so: mounted and preloaded in every slice (empty = off, "
+        "CUDA_DEVICE_*_LIMIT env is inert)",
+    )
+    hami_core_dir: str = Field(
+        default="/var/run/vgpu/hami-core", description="host folder for the ld.so.preload file and HAMi-core's lock"
+    )
     cache_dir_on_host: str = Field(
         default="/var/run/vgpu/containers", description="host folder for HAMi-core's shared memory cache per container"
     )
@@ -112,6 +143,18 @@ class PluginConfig(BaseModel):
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error")
     log_format: LogFormat = Field(default="text", description="text, or json for one object per line")
 
+    def env_settings(self) -> EnvSettings:
+        return EnvSettings(
+            mps=self.mps,
+            cache_dir_on_host=self.cache_dir_on_host,
+            mps_pipe_dir=self.mps_pipe_dir,
+            mps_log_dir=self.mps_log_dir,
+            mps_shm_dir=self.mps_shm_dir,
+            hami_core_library=self.hami_core_library,
+            hami_core_preload_file=posixpath.join(self.hami_core_dir, "ld.so.preload"),
+            hami_core_lock_dir=posixpath.join(self.hami_core_dir, "vgpulock"),
+        )
+
     def resource_names(self) -> ResourceNames:
         return ResourceNames(
             count=self.resource_name,
@@ -135,6 +178,40 @@ def problems(c: PluginConfig) -> list[Problem]:
             (
                 "cache_dir_on_host",
                 f"cache_dir_on_host must be an absolute path without '..', got {c.cache_dir_on_host!r}",
+            )
+        )
+    for name in ("mps_pipe_dir", "mps_log_dir", "mps_shm_dir", "hami_core_dir", "hami_core_library"):
+        value = getattr(c, name)
+        if (value or name != "hami_core_library") and (not value.startswith("/") or ".." in value.split("/")):
+            out.append((name, f"{name} must be an absolute path without '..', got {value!r}"))
+    if not c.mps_control_binary.strip() or any(ch.isspace() for ch in c.mps_control_binary):
+        out.append(
+            (
+                "mps_control_binary",
+                "mps_control_binary must be a path or name of nvidia-cuda-mps-control without spaces, "
+                f"got {c.mps_control_binary!r}",
+            )
+        )
+    if not 0 <= c.mps_default_active_thread_percentage <= 100:
+        out.append(
+            (
+                "mps_default_active_thread_percentage",
+                f"mps_default_active_thread_percentage must be 0..100, got {c.mps_default_active_thread_percentage}",
+            )
+        )
+    if c.mps_default_pinned_mem_limit_mib < 0:
+        out.append(
+            (
+                "mps_default_pinned_mem_limit_mib",
+                f"mps_default_pinned_mem_limit_mib must be >= 0, got {c.mps_default_pinned_mem_limit_mib}",
+            )
+        )
+    if not 0.1 <= c.mps_probe_s <= 300 or not 1 <= c.mps_backoff_max_s <= 3600:
+        out.append(
+            (
+                "mps_probe_s",
+                f"mps_probe_s must be 0.1..300 and mps_backoff_max_s 1..3600, got "
+                f"{c.mps_probe_s} and {c.mps_backoff_max_s}",
             )
         )
     if not 1 <= c.split_count <= 100:

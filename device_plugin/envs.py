@@ -1,5 +1,13 @@
 """What a container gets for its slice: HAMi-core compatible limits, MPS limits and mounts. Pure.
 
+The HAMi-core variables (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT) only act when HAMi-core's
+library is loaded in the container: with `hami_core_library` set, the library and an /etc/ld.so.preload naming
+it are mounted as HAMi's device plugin does (Project-HAMi/HAMi
+pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go at commit 057ea14b: libvgpu.so read-only, the host's
+ld.so.preload over /etc/ld.so.preload read-only, /tmp/vgpulock shared); without it they are inert.
+MPS clients get the daemon's pipe folder, its log folder and the shared memory folder the daemon uses as
+/dev/shm (NVIDIA k8s-device-plugin internal/plugin/mps.go at commit 13985c2b mounts the same two).
+
 Host paths are built only from the operator's settings, the pod UID (checked to be a UUID) and the container's
 position in the assignment — never from a name a pod author wrote (docs/device-plugin.md, "What is checked").
 """
@@ -30,13 +38,25 @@ class ContainerSlice:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+# Where HAMi-core's pieces go in the container (HAMi's paths: images built for HAMi expect them there).
+HAMI_CORE_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
+HAMI_CORE_LOCK_DIR_IN_CONTAINER = "/tmp/vgpulock"
+PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
+
+
 @dataclass(frozen=True, slots=True)
 class EnvSettings:
     mps: bool = False
     cache_dir_in_container: str = "/var/run/vgpu"
     cache_dir_on_host: str = "/var/run/vgpu/containers"
-    mps_pipe_dir: str = "/tmp/nvidia-mps"
-    mps_log_dir: str = "/var/log/nvidia-mps"
+    mps_pipe_dir: str = "/var/run/vgpu/mps/pipe"
+    mps_log_dir: str = "/var/run/vgpu/mps/log"
+    mps_shm_dir: str = "/var/run/vgpu/mps/shm"
+    # HAMi-core (host paths): "" = not provided, its variables are inert. The preload file and lock folder
+    # are written by the plugin at start (device_plugin.hami_core).
+    hami_core_library: str = ""
+    hami_core_preload_file: str = "/var/run/vgpu/hami-core/ld.so.preload"
+    hami_core_lock_dir: str = "/var/run/vgpu/hami-core/vgpulock"
 
 
 def cache_dir_on_host(settings: EnvSettings, *, pod_uid: str, index: int) -> str:
@@ -75,5 +95,10 @@ def container_slice(
         envs["CUDA_MPS_LOG_DIRECTORY"] = settings.mps_log_dir
         mounts.append(Mount(settings.mps_pipe_dir, settings.mps_pipe_dir))
         mounts.append(Mount(settings.mps_log_dir, settings.mps_log_dir, read_only=True))
+        mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
+    if settings.hami_core_library:
+        mounts.append(Mount(HAMI_CORE_LIBRARY_IN_CONTAINER, settings.hami_core_library, read_only=True))
+        mounts.append(Mount(PRELOAD_IN_CONTAINER, settings.hami_core_preload_file, read_only=True))
+        mounts.append(Mount(HAMI_CORE_LOCK_DIR_IN_CONTAINER, settings.hami_core_lock_dir))
     annotations = {ann.CRI_POD: f"{namespace}/{pod}", ann.CRI_CONTAINER: c.name}
     return ContainerSlice(envs=envs, mounts=tuple(mounts), annotations=annotations)

@@ -47,6 +47,15 @@ def _missing_prerequisite(conf: cfg.PluginConfig) -> str | None:
         return missing_path(
             PROG, what="fake-NVML scenario", path=conf.fake_nvml, flag="--fake-nvml", env="VGPU_DP_FAKE_NVML"
         )
+    if conf.hami_core_library and not os.path.isfile(conf.hami_core_library):
+        return missing_path(
+            PROG,
+            what="HAMi-core library",
+            path=conf.hami_core_library,
+            flag="--hami-core-library",
+            env="VGPU_DP_HAMI_CORE_LIBRARY",
+            hint="it is a host path; the DaemonSet mounts it at the same path (chart: devicePlugin.hamiCore.library)",
+        )
     if not os.path.isdir(conf.plugin_dir):
         return missing_path(
             PROG,

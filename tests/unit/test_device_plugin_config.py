@@ -63,6 +63,15 @@ def test_bad_files_are_rejected(tmp_path: Path, doc: str, err: str) -> None:
         (["--epp-port", "9400"], {}, "dcgm-exporter's 9400"),
         (["--grpc-workers", "1"], {}, "grpc_workers must be 2..256, got 1 (flag --grpc-workers)"),
         ([], {"VGPU_DP_HTTP_TIMEOUT_S": "0"}, "http_timeout_s must be 0.5..300, got 0.0 (env VGPU_DP_HTTP_TIMEOUT_S)"),
+        (["--hami-core-library", "libvgpu.so"], {}, "hami_core_library must be an absolute path without '..'"),
+        (
+            ["--mps-pipe-dir", "/run/../etc"],
+            {},
+            "mps_pipe_dir must be an absolute path without '..', got '/run/../etc'",
+        ),
+        (["--mps-control-binary", "a b"], {}, "mps_control_binary must be a path or name of nvidia-cuda-mps-control"),
+        (["--mps-default-active-thread-percentage", "101"], {}, "must be 0..100, got 101"),
+        (["--mps-probe-s", "0"], {}, "mps_probe_s must be 0.1..300"),
     ],
 )
 def test_bad_values_name_setting_value_and_source(argv: list[str], env: dict[str, str], err: str) -> None:
@@ -174,6 +183,59 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         "/run/pr.sock",
     ),
     "mps": ("true", {}, lambda r, c, m: r.plugin(c).manager.settings.mps, True),
+    "mps_control_binary": (
+        "/host/usr/bin/nvidia-cuda-mps-control",
+        {"mps": "true"},
+        lambda r, c, m: r.plugin(c).mps.control.paths.binary,
+        "/host/usr/bin/nvidia-cuda-mps-control",
+    ),
+    "mps_pipe_dir": (
+        "/run/m/p",
+        {"mps": "true"},
+        lambda r, c, m: (r.plugin(c).mps.control.paths.pipe_dir, r.plugin(c).manager.settings.mps_pipe_dir),
+        ("/run/m/p",) * 2,
+    ),
+    "mps_log_dir": (
+        "/run/m/l",
+        {"mps": "true"},
+        lambda r, c, m: (r.plugin(c).mps.control.paths.log_dir, r.plugin(c).manager.settings.mps_log_dir),
+        ("/run/m/l",) * 2,
+    ),
+    "mps_shm_dir": (
+        "/run/m/s",
+        {"mps": "true"},
+        lambda r, c, m: (r.plugin(c).mps.control.paths.shm_dir, r.plugin(c).manager.settings.mps_shm_dir),
+        ("/run/m/s",) * 2,
+    ),
+    "mps_probe_s": ("2.5", {"mps": "true"}, lambda r, c, m: r.plugin(c).mps.settings.probe_interval_s, 2.5),
+    "mps_backoff_max_s": ("30", {"mps": "true"}, lambda r, c, m: r.plugin(c).mps.settings.backoff_max_s, 30.0),
+    "mps_default_active_thread_percentage": (
+        "25",
+        {"mps": "true"},
+        lambda r, c, m: r.plugin(c).mps.settings.default_active_thread_percentage,
+        25,
+    ),
+    "mps_default_pinned_mem_limit_mib": (
+        "8192",
+        {"mps": "true"},
+        lambda r, c, m: r.plugin(c).mps.settings.default_pinned_mem_limit_mib,
+        8192,
+    ),
+    "hami_core_library": (
+        "/opt/hami/libvgpu.so",
+        {},
+        lambda r, c, m: r.plugin(c).manager.settings.hami_core_library,
+        "/opt/hami/libvgpu.so",
+    ),
+    "hami_core_dir": (
+        "/run/hc",
+        {},
+        lambda r, c, m: (
+            r.plugin(c).manager.settings.hami_core_preload_file,
+            r.plugin(c).manager.settings.hami_core_lock_dir,
+        ),
+        ("/run/hc/ld.so.preload", "/run/hc/vgpulock"),
+    ),
     "cache_dir_on_host": (
         "/var/cache/v",
         {},

@@ -25,7 +25,30 @@ def test_mps_mode_adds_limits_and_pipe_mounts() -> None:
     assert s.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert s.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M,1=10240M"
     paths = {m.container_path: m for m in s.mounts}
-    assert "/tmp/nvidia-mps" in paths and paths["/var/log/nvidia-mps"].read_only
+    assert paths["/var/run/vgpu/mps/pipe"].host_path == "/var/run/vgpu/mps/pipe"
+    assert paths["/var/run/vgpu/mps/log"].read_only
+    assert paths["/dev/shm"].host_path == "/var/run/vgpu/mps/shm" and not paths["/dev/shm"].read_only
+    assert s.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/vgpu/mps/pipe"
+
+
+def test_hami_core_library_is_mounted_and_preloaded_only_when_provided() -> None:
+    plain = container_slice(TWO, namespace="ns", pod="p", pod_uid=UID, index=0, settings=EnvSettings())
+    assert {m.container_path for m in plain.mounts} == {"/var/run/vgpu"}
+    s = container_slice(
+        TWO,
+        namespace="ns",
+        pod="p",
+        pod_uid=UID,
+        index=0,
+        settings=EnvSettings(hami_core_library="/opt/hami/libvgpu.so"),
+    )
+    paths = {m.container_path: m for m in s.mounts}
+    assert paths["/usr/local/vgpu/libvgpu.so"].host_path == "/opt/hami/libvgpu.so"
+    assert paths["/usr/local/vgpu/libvgpu.so"].read_only
+    assert paths["/etc/ld.so.preload"].host_path == "/var/run/vgpu/hami-core/ld.so.preload"
+    assert paths["/etc/ld.so.preload"].read_only
+    assert not paths["/tmp/vgpulock"].read_only
+    assert s.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20480m"  # the same env, now with something reading it
 
 
 @pytest.mark.parametrize("mps", [False, True])

@@ -50,7 +50,14 @@ HOSTILE = [
 SETTINGS = [
     EnvSettings(),
     EnvSettings(mps=True),
-    EnvSettings(cache_dir_on_host="/srv/vgpu/cache/", mps=True, mps_pipe_dir="/run/mps", mps_log_dir="/var/log/m"),
+    EnvSettings(
+        cache_dir_on_host="/srv/vgpu/cache/",
+        mps=True,
+        mps_pipe_dir="/run/mps",
+        mps_log_dir="/var/log/m",
+        mps_shm_dir="/run/mps-shm",
+        hami_core_library="/opt/hami/libvgpu.so",
+    ),
 ]
 
 labels = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,12}[a-z0-9])?\Z")
@@ -168,11 +175,17 @@ def emitted_paths(s: EnvSettings, resp: Any) -> list[tuple[str, str]]:
     return out
 
 
+FIXED_CONTAINER_PATHS = {"/dev/shm", "/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload", "/tmp/vgpulock"}
+
+
 def assert_safe(s: EnvSettings, h: Hostile, index: int, resp: Any) -> None:
     base = posixpath.normpath(s.cache_dir_on_host)
     assert is_pod_uid(h.uid), "a slice was served for a pod whose UID is not a UUID"
-    trusted_host = {posixpath.join(base, f"{h.uid}_{index}"), s.mps_pipe_dir, s.mps_log_dir}
-    trusted_container = {s.cache_dir_in_container, s.mps_pipe_dir, s.mps_log_dir}
+    trusted_host = {posixpath.join(base, f"{h.uid}_{index}"), s.mps_pipe_dir, s.mps_log_dir, s.mps_shm_dir}
+    trusted_container = {s.cache_dir_in_container, s.mps_pipe_dir, s.mps_log_dir, "/dev/shm"}
+    if s.hami_core_library:
+        trusted_host |= {s.hami_core_library, s.hami_core_preload_file, s.hami_core_lock_dir}
+        trusted_container |= {"/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload", "/tmp/vgpulock"}
     trusted_env = {f"{s.cache_dir_in_container}/vgpu.cache", s.mps_pipe_dir, s.mps_log_dir}
     for kind, path in emitted_paths(s, resp):
         if kind == "mount.host":
@@ -188,7 +201,8 @@ def assert_safe(s: EnvSettings, h: Hostile, index: int, resp: Any) -> None:
     # pod name or namespace could only appear by coinciding with a UUID, a digit or the operator's folders.
     for user in (h.namespace, h.name, *(c[0] for c in h.containers)):
         if "/" in user or ".." in user:
-            assert all(user not in p for _, p in emitted_paths(s, resp))
+            # the fixed container paths (HAMi-core's, /dev/shm) are constants: a name like "/etc" is in them
+            assert all(user not in p for _, p in emitted_paths(s, resp) if p not in FIXED_CONTAINER_PATHS)
     assert resp.annotations["vgpu.io/container"] == h.containers[index][0]
 
 
@@ -230,8 +244,9 @@ def test_a_valid_pod_gets_exactly_the_trusted_paths() -> None:
     b = m.allocate([[f"{GPUS[1].uuid}::0", f"{GPUS[2].uuid}::0"]])[0]
     assert [x.host_path for x in a.mounts] == [
         f"/var/run/vgpu/containers/{uid}_0",
-        "/tmp/nvidia-mps",
-        "/var/log/nvidia-mps",
+        "/var/run/vgpu/mps/pipe",
+        "/var/run/vgpu/mps/log",
+        "/var/run/vgpu/mps/shm",
     ]
     assert b.mounts[0].host_path == f"/var/run/vgpu/containers/{uid}_1"
     assert_safe(s, h, 0, response_pb(a))
