@@ -6,7 +6,8 @@ Re-runs the rows of the robustness table for both services, each with its outcom
   full list of them under the cap; a 200 MB body; 6 x 8 MB and 10 x 1.3 MB valid pods (RSS growth: the parse cache
   keeps digests, not pods); a 12,001-character quantity;
   webhook: 10 MB and 50 MB AdmissionReviews, a review of small objects just under its cap (peak RSS vs its 256 Mi
-  limit), wrong types, the long quantity;
+  limit), wrong types, the long quantity, a container command line of 1 MiB of near-miss role flags (vgpu.roles'
+  forward scans, against the regexes they replaced on the same text);
   both: N slow connections sending their headers a byte a second for --slow-seconds (closed by the servers?),
   and /healthz p99 while every attack runs (target <= 100 ms).
 Peak RSS is sampled from /proc/PID/status every 10 ms. Stops by itself; about 35 s with the defaults.
@@ -21,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import ssl
 import statistics
@@ -42,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from scheduler_extender.app import json_values  # noqa: E402
 from vgpu.quantity import QuantityError, parse_int_quantity  # noqa: E402
+from vgpu.roles import MAX_SCAN_CHARS, flag_in_text, kv_role_in_text  # noqa: E402
 from webhook.certs import write_dev_certs  # noqa: E402
 
 EXTENDER_LIMIT_MIB = 1024  # deploy/manifests/extender.yaml
@@ -279,6 +282,29 @@ def parser_time() -> str:
     return f"refused by the parser in at most {worst * 1e6:.0f} us"
 
 
+# A command line whose every flag and key is a near miss: the work a role scan must do is all of it.
+ROLE_TEXT = ("--kv-transfer-config= " * 4 + "kv_role : 'kv_ ") * 12_000
+REPLACED_FLAG = re.compile(r"--kv-transfer-config(?:=|\s+)('([^']*)'|\"((?:[^\"\\]|\\.)*)\"|(\S+))")
+REPLACED_KV = re.compile(r"""["']?kv_role["']?\s*:\s*["']?(kv_\w+)""")
+
+
+def role_scan_time() -> str:
+    """vgpu.roles' scans over the text they read (MAX_SCAN_CHARS of it) vs the regexes they replaced (best of 20)."""
+
+    def best(run: Callable[[], object]) -> float:
+        times = []
+        for _ in range(20):
+            started = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    text = ROLE_TEXT[:MAX_SCAN_CHARS]
+    scan = best(lambda: (flag_in_text(text, "--kv-transfer-config"), kv_role_in_text(text)))
+    regex = best(lambda: (REPLACED_FLAG.search(text), REPLACED_KV.search(text)))
+    return f"the scans {scan * 1000:.1f} ms for {len(text) // 1024} KiB (the replaced regexes {regex * 1000:.1f} ms)"
+
+
 def row(
     what: str, outcome: str, rss: Rss | None = None, limit: int = 0, probe: Prober | None = None, mark: int = 0
 ) -> None:
@@ -464,6 +490,14 @@ def webhook_rows(tmp: Path, args: argparse.Namespace) -> None:
             return f"HTTP {r.status_code} in {t * 1000:.1f} ms round trip, {parser_time()}: ...{message[-40:]}"
 
         attack("a 12,001-character quantity", long_quantity)
+
+        def near_miss_flags() -> str:
+            body = pod("roles")
+            body["spec"]["containers"][0]["command"] = ["sh", "-c", ROLE_TEXT]
+            r, t = timed(lambda: c.post("/mutate", json=review(body)))
+            return f"HTTP {r.status_code} in {t * 1000:.1f} ms round trip; {role_scan_time()}"
+
+        attack(f"{len(ROLE_TEXT) / 2**20:.1f} MiB of near-miss role flags", near_miss_flags)
         attack(
             f"{args.slow_connections} slow TLS connections for {args.slow_seconds:.0f} s",
             lambda: slowloris(port, tls=True, n=args.slow_connections, seconds=args.slow_seconds),
