@@ -13,6 +13,7 @@ Parsing takes the already-loaded document (a mapping), so the core stays free of
           - {uuid: GPU-a-0, index: 0, model: H100-80GB, memoryMiB: 81920, numa: 0, nvlink: [GPU-a-1]}
         gpuTemplate:               # ... or N identical GPUs (uuids GPU-<node>-<i>)
           {count: 8, model: H100-80GB, memoryMiB: 81920, split: 10, nvlink: all}
+        cordonedGpus: [GPU-a-0]    # optional: no new slices there (the node's vgpu.io/cordoned-gpus)
     allocations:
       - pod: default/llama-decode-0
         assignment: {node: gpu-a, role: decode, model: default/llama, containers: [...]}
@@ -25,7 +26,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from vgpu.annotations import Assignment, assignment_from_obj, assignment_to_obj, gpu_to_obj
+from vgpu.annotations import NODE_CORDONED_GPUS, Assignment, assignment_from_obj, assignment_to_obj, gpu_to_obj
+from vgpu.cordon import parse_cordon
 from vgpu.devices import DEFAULT_SPLIT_COUNT, GpuDevice, NodeInventory
 from vgpu.errors import CodecError, VgpuError
 
@@ -86,6 +88,7 @@ class NodeSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuSpec] = Field(default_factory=list)
     gpu_template: GpuTemplate | None = Field(default=None, alias="gpuTemplate")
+    cordoned_gpus: list[str] = Field(default_factory=list, alias="cordonedGpus")
 
     @model_validator(mode="after")
     def _one_source(self) -> NodeSpec:
@@ -106,7 +109,7 @@ class ClusterFile(_Model):
     allocations: list[AllocationSpec] = Field(default_factory=list)
 
 
-def _inventory(spec: NodeSpec) -> NodeInventory:
+def _inventory(pos: int, spec: NodeSpec) -> NodeInventory:
     if spec.gpu_template is not None:
         t = spec.gpu_template
         uuids = [f"GPU-{spec.name}-{i}" for i in range(t.count)]
@@ -138,8 +141,18 @@ def _inventory(spec: NodeSpec) -> NodeInventory:
             )
             for g in spec.gpus
         )
+    cordon = parse_cordon({NODE_CORDONED_GPUS: ",".join(spec.cordoned_gpus)}, (g.uuid for g in gpus))
+    # A hand-written file: an entry that is not a GPU UUID of this node is a typo, not a cordon to keep.
+    for what, bad in (("not GPU UUIDs", cordon.malformed), ("not GPUs of this node", cordon.unknown)):
+        if bad:
+            raise ValueError(f"nodes.{pos}.cordonedGpus: {what}: {', '.join(bad)}")
     return NodeInventory(
-        name=spec.name, gpus=gpus, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib, labels=dict(spec.labels)
+        name=spec.name,
+        gpus=gpus,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        labels=dict(spec.labels),
+        cordon=cordon,
     )
 
 
@@ -163,10 +176,16 @@ def parse_cluster(doc: Mapping[str, Any]) -> tuple[list[NodeInventory], list[tup
     if dupes:
         raise ClusterFileError(f"invalid cluster file: duplicate node names {dupes}")
     try:
-        nodes = [_inventory(n) for n in parsed.nodes]
+        nodes = [_inventory(i, n) for i, n in enumerate(parsed.nodes)]
     except ValueError as exc:
         raise ClusterFileError(f"invalid cluster file: {exc}") from None
     return nodes, [(a.pod, _assignment(i, a.assignment)) for i, a in enumerate(parsed.allocations)]
+
+
+def _cordon_obj(n: NodeInventory) -> dict[str, Any]:
+    """The node's cordoned GPUs, only its own: an unknown cordon entry marks no GPU (and the file would refuse it)."""
+    own = sorted(g.uuid for g in n.gpus if g.uuid in n.cordoned)
+    return {"cordonedGpus": own} if own else {}
 
 
 def dump_cluster(nodes: list[NodeInventory], allocations: list[tuple[str, Assignment]]) -> dict[str, Any]:
@@ -180,6 +199,7 @@ def dump_cluster(nodes: list[NodeInventory], allocations: list[tuple[str, Assign
                 "memoryMiB": n.memory_mib,
                 "labels": dict(n.labels),
                 "gpus": [gpu_to_obj(g) for g in n.gpus],
+                **_cordon_obj(n),
             }
             for n in nodes
         ],

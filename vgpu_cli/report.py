@@ -56,6 +56,7 @@ def build_report(
                     "model": d.model,
                     "numa": d.numa,
                     "healthy": d.healthy,
+                    "cordoned": d.uuid in node.inventory.cordoned,
                     "memoryMiB": d.memory_mib,
                     "memoryUsedMiB": u.memory_used,
                     "cores": d.cores,
@@ -65,7 +66,14 @@ def build_report(
                     "holders": holders.get(d.uuid, []),
                 }
             )
-        nodes.append({"name": node.name, "labels": dict(node.inventory.labels), "gpus": gpus})
+        nodes.append(
+            {
+                "name": node.name,
+                "labels": dict(node.inventory.labels),
+                "gpus": gpus,
+                "cordonedGpus": sorted(node.inventory.cordoned),
+            }
+        )
     t = state.totals()
     in_use = sum(1 for n in state.nodes.values() for u in n.gpus if u.sharers)
     report: dict[str, Any] = {

@@ -29,7 +29,7 @@ def _node_lines(node: dict[str, Any]) -> list[str]:
     owner: list[int] = []  # which GPU row each holder row belongs under
     for g in node["gpus"]:
         mem_pct = 100.0 * g["memoryUsedMiB"] / g["memoryMiB"]
-        health = "" if g["healthy"] else "  UNHEALTHY"
+        health = ("" if g["healthy"] else "  UNHEALTHY") + ("  CORDONED" if g.get("cordoned") else "")
         gpu_rows.append(
             [
                 str(g["index"]),

@@ -125,3 +125,25 @@ def test_show_reproduces_what_the_demo_placed(tmp_path: Path, capsys: pytest.Cap
     assert main(["demo", "--json"]) == 0
     demo = json.loads(capsys.readouterr().out)
     assert shown["nodes"] == demo["nodes"]
+
+
+def test_show_marks_cordoned_gpus_and_refuses_a_cordon_of_no_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _cluster()
+    doc["nodes"][0]["cordonedGpus"] = ["GPU-n1-1"]
+    path = _write(tmp_path, doc)
+    assert main(["show", "--cluster", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["nodes"][0]["cordonedGpus"] == ["GPU-n1-1"]
+    assert [g["cordoned"] for g in report["nodes"][0]["gpus"]] == [False, True]
+    assert main(["show", "--cluster", path]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "8000/23034" in line)
+    assert row.endswith("CORDONED")  # the slice on it stays, shown under it
+    doc["nodes"][0]["cordonedGpus"] = ["GPU-n1-1", "GPU-n9-0", "gpu 3"]
+    assert main(["show", "--cluster", _write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err
+    assert "nodes.0.cordonedGpus: not GPU UUIDs: gpu 3" in err
+    doc["nodes"][0]["cordonedGpus"] = ["GPU-n9-0"]
+    assert main(["show", "--cluster", _write(tmp_path, doc)]) == 2
+    assert "nodes.0.cordonedGpus: not GPUs of this node: GPU-n9-0" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from tests.conftest import make_info
 from vgpu import annotations as ann
 from vgpu import cordon
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.clusterfile import dump_cluster, parse_cluster
 from vgpu.devices import Cordon, GpuDevice
 from vgpu.fit import FitFailure, NodePlacement, fit_node
 from vgpu.pod import PodInfo
@@ -124,3 +125,12 @@ def test_metrics_show_cordoned_gpus_and_bad_entries() -> None:
     assert samples[("vgpu_node_cordoned_gpus", (("Hostname", "n"),))] == 1
     assert samples[("vgpu_node_cordon_invalid_entries", (("Hostname", "n"), ("problem", "malformed")))] == 1
     assert samples[("vgpu_node_cordon_invalid_entries", (("Hostname", "n"), ("problem", "unknown")))] == 1
+
+
+def test_the_state_snapshot_keeps_the_nodes_own_cordoned_gpus_and_reads_back() -> None:
+    state = ClusterState()
+    StateSync(state).node_event("ADDED", _node(**{ann.NODE_CORDONED_GPUS: f"{G1},GPU-gone"}))
+    doc = dump_cluster(list(state.nodes[n].inventory for n in state.nodes), [])
+    assert doc["nodes"][0]["cordonedGpus"] == [G1]  # GPU-gone marks no GPU: left out, the file would refuse it
+    nodes, _ = parse_cluster(doc)
+    assert nodes[0].cordoned == {G1}
