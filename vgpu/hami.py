@@ -40,6 +40,12 @@ NOUSE_GPU_UUID = "nvidia.com/nouse-gpuuuid"
 NODE_POLICY = "hami.io/node-scheduler-policy"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 KEYS = (USE_GPU_TYPE, NOUSE_GPU_TYPE, USE_GPU_UUID, NOUSE_GPU_UUID, NODE_POLICY, GPU_POLICY)
+# HAMi pod keys kube-vgpu does not honour: named in a warning, never silently dropped (pkg/device/nvidia/device.go,
+# AllocateMode and NumaBind).
+UNSUPPORTED = {
+    "nvidia.com/vgpu-mode": "kube-vgpu has no per-pod device mode (HAMi-core, MIG, MPS are node settings: docs/enforcement.md)",
+    "nvidia.com/numa-bind": "kube-vgpu does not require one NUMA node per pod from this key",
+}
 
 # HAMi's policy values and the kube-vgpu names they map to (vgpu.placement.registry: node policies, GPU_POLICIES).
 NODE_POLICIES = {"binpack": "binpack", "spread": "spread"}
@@ -124,9 +130,9 @@ def select(annotations: Mapping[str, object]) -> Selection:
     """Merge the pod's kube-vgpu and HAMi annotations; AnnotationValueError on a HAMi value HAMi does not define."""
     ours = ann.pod_overrides(annotations)
     raw = {k: v for k in KEYS if (v := _text(annotations, k)) is not None}
+    notes = [f"{k} is not honoured: {why}" for k, why in UNSUPPORTED.items() if k in annotations]
     if not raw:
-        return Selection(overrides=ours)
-    notes: list[str] = []
+        return Selection(overrides=ours, notes=tuple(notes))
 
     def dropped_empty(key: str) -> None:
         value = raw[key]

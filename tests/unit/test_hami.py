@@ -170,3 +170,9 @@ def test_bad_values_are_refused_naming_the_annotation_and_what_is_allowed(key: s
 def test_a_bad_hami_value_on_a_pod_without_vgpus_is_not_an_error() -> None:
     info = make_info(annotations={hami.NODE_POLICY: "nope"}, containers=[{"name": "c", "image": "x"}])
     assert info.request.is_empty and info.node_policy is None
+
+
+def test_hami_keys_kube_vgpu_does_not_honour_are_named_in_a_note() -> None:
+    sel = hami.select({"nvidia.com/vgpu-mode": "mig", "nvidia.com/numa-bind": "true"})
+    assert sel.gpu_filter is None and sel.overrides == ann.PodOverrides()
+    assert [n.split(" is not honoured")[0] for n in sel.notes] == ["nvidia.com/vgpu-mode", "nvidia.com/numa-bind"]
