@@ -84,19 +84,30 @@ class Invocation:
         return self.field is not None
 
 
+# What CUDA reports as the device's memory, which both servers take their fraction of: the whole card (plain,
+# MPS, NVML caps), or the slice where HAMi-core is preloaded on every node (it answers cuMemGetInfo with the limit).
+Seen = Literal["card", "slice"]
+
+
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """One vGPU of the container: MiB or percent of the card, and the card sizes (MiB) it may land on."""
+    """One vGPU of the container: MiB or percent of the card, the card sizes (MiB) it may land on, and what CUDA
+    reports there (`seen`)."""
 
     memory_mib: int | None
     percentage: int | None
     cards_mib: tuple[int, ...] = ()
+    seen: Seen = "card"
 
     def on(self, card_mib: int) -> int:
         if self.memory_mib is not None:
             return min(self.memory_mib, card_mib)
         assert self.percentage is not None
         return card_mib * self.percentage // 100
+
+    def seen_on(self, card_mib: int) -> int:
+        """The device memory the server will read on that card, which its fraction is of."""
+        return card_mib if self.seen == "card" else self.on(card_mib)
 
 
 Outcome = Literal["sized", "user-set", "whole-card", "unsafe", "not-a-server"]
@@ -143,8 +154,22 @@ def size(container: Mapping[str, Any], slice_: Slice) -> Sizing:
     if _whole_card(slice_):
         return Sizing(name, "whole-card", inv.server, invocation=inv)
     cards = slice_.cards_mib or ((SMALLEST_CARD_MIB,) if slice_.percentage is not None else ())
+    if not slice_.cards_mib and slice_.seen == "slice" and slice_.memory_mib is not None:
+        cards = (slice_.memory_mib,)  # the server sees the slice itself: the card's size does not matter
     flags = _flags(inv.argv)
     who = f"container {name!r}"
+    if "--config" in flags and MEMORY_FLAG[inv.server] not in flags:
+        # A flag on the command line wins over the file, and the file may already set the fraction: never override.
+        return Sizing(
+            name,
+            "user-set",
+            inv.server,
+            invocation=inv,
+            warnings=(
+                f"{who}: --config={flags['--config']} may set {MEMORY_FLAG[inv.server]}, which the webhook cannot "
+                "read: not sized; set it on the command line to have it checked",
+            ),
+        )
     if inv.server is Server.VLLM:
         return _size_vllm(name, who, inv, flags, slice_, cards)
     return _size_sglang(name, who, inv, flags, slice_, cards)
@@ -234,7 +259,7 @@ def _size_fraction(
             ),
         )
     kept = {c: slice_.on(c) - (vllm_margin_mib(slice_.on(c)) if reserve is None else reserve) for c in cards}
-    best = min(kept[c] / c for c in cards)
+    best = min(kept[c] / slice_.seen_on(c) for c in cards)
     fraction = math.floor(best * 10**FRACTION_DIGITS) / 10**FRACTION_DIGITS
     user = flags.get(flag)
     if user is not None:
@@ -258,7 +283,7 @@ def _size_fraction(
             ),
         )
     warnings: list[str] = []
-    if slice_.memory_mib is not None and len(set(cards)) > 1:  # a percentage is the same share on every card
+    if slice_.seen == "card" and slice_.memory_mib is not None and len(set(cards)) > 1:  # a percentage: same share
         small = min(cards)
         warnings.append(
             f"{who}: {flag}={fraction} is sized for the largest card it may get ({max(cards)} MiB); on a "
@@ -290,7 +315,7 @@ def _over(
     except ValueError:
         return (f"{who}: {flag}={user!r} is not a number; the webhook cannot check it against the slice",)
     for card in sorted(cards, reverse=True):
-        takes = math.ceil(value * card) + (reserve or 0)
+        takes = math.ceil(value * slice_.seen_on(card)) + (reserve or 0)
         if takes > slice_.on(card):
             extra = "" if reserve is None else f" (with SGLang's {reserve} MiB reserve for activations)"
             return (

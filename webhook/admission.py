@@ -25,7 +25,7 @@ from vgpu.requests import parse_pod_request
 from vgpu.roles import detect_role
 from webhook.advice import pod_warnings
 from webhook.capacity import InventorySummary, check_capacity
-from webhook.config import WebhookConfig
+from webhook.config import ModelServerSizing, WebhookConfig
 from webhook.model_servers import plan as size_model_servers
 from webhook.mutators import MutationContext, mutate
 from webhook.patch import PatchOp
@@ -46,6 +46,7 @@ class Settings:
     override_default_scheduler: bool = True
     apply_default_count: bool = True
     strip_stale_annotations: bool = True
+    model_server_sizing: ModelServerSizing = "card"
 
     @classmethod
     def from_config(cls, cfg: WebhookConfig) -> Settings:
@@ -56,6 +57,7 @@ class Settings:
             override_default_scheduler=cfg.override_default_scheduler,
             apply_default_count=cfg.apply_default_count,
             strip_stale_annotations=cfg.strip_stale_annotations,
+            model_server_sizing=cfg.model_server_sizing,
         )
 
 
@@ -131,7 +133,7 @@ def decide(
     )
     if not mutating:
         return Outcome(allowed=True, kind="admitted")
-    sized = size_model_servers(pod, pod_request, summary, overrides.gpu_models)
+    sized = size_model_servers(pod, pod_request, summary, overrides.gpu_models, settings.model_server_sizing)
     ops = (*mutate(pod, ctx), *sized.ops)
     warnings += pod_warnings(pod, ctx)
     warnings += sized.warnings

@@ -21,6 +21,7 @@ DEFAULT_SCHEDULER = "default-scheduler"
 
 InventorySource = Literal["none", "static", "nodes"]
 LogFormat = Literal["text", "json"]
+ModelServerSizing = Literal["card", "slice", "off"]
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -56,6 +57,12 @@ class WebhookConfig(BaseModel):
     )
     strip_stale_annotations: bool = Field(
         default=True, description="remove vgpu.io/ assignment annotations a new pod must not carry"
+    )
+    model_server_sizing: ModelServerSizing = Field(
+        default="card",
+        description="memory flag for vLLM / SGLang containers (docs/model-servers.md): card = a fraction of the "
+        "physical card, which CUDA reports on plain, MPS and NVML-capped nodes; slice = of the slice, when every "
+        "node preloads HAMi-core; off = none",
     )
     # resource names (HAMi-compatible)
     resource_count: str = Field(default="nvidia.com/gpu", description="resource name of the GPU count")

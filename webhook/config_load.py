@@ -28,7 +28,11 @@ FILE_SECTIONS: dict[str, dict[str, str]] = {
     },
     "tls": {"certFile": "cert_file", "keyFile": "key_file", "reloadIntervalSeconds": "cert_reload_interval"},
     "scheduler": {"name": "scheduler_name", "overrideDefaultScheduler": "override_default_scheduler"},
-    "mutation": {"applyDefaultCount": "apply_default_count", "stripStaleAnnotations": "strip_stale_annotations"},
+    "mutation": {
+        "applyDefaultCount": "apply_default_count",
+        "stripStaleAnnotations": "strip_stale_annotations",
+        "modelServerSizing": "model_server_sizing",
+    },
     "resources": {
         "count": "resource_count",
         "memory": "resource_memory",

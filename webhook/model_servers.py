@@ -16,6 +16,7 @@ from vgpu import annotations as ann
 from vgpu import model_servers as ms
 from vgpu.requests import PodRequest
 from webhook.capacity import ANY_MODEL, InventorySummary
+from webhook.config import ModelServerSizing
 from webhook.patch import PatchOp, pointer
 
 # GPU feature discovery's node label for the GPU model (NVIDIA k8s-device-plugin, gpu-feature-discovery).
@@ -34,11 +35,17 @@ def plan(
     request: PodRequest,
     summary: InventorySummary | None,
     gpu_models: frozenset[str] | None,
+    sizing: ModelServerSizing = "card",
 ) -> Plan:
-    """Ops adding the memory flag to every model-server container of `pod` that needs one, and warnings."""
+    """Ops adding the memory flag to every model-server container of `pod` that needs one, and warnings.
+
+    `sizing` (the webhook's model_server_sizing): what CUDA reports on the nodes, the card or the slice; off: none.
+    """
     meta = pod.get("metadata")
     notes = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if isinstance(notes, Mapping) and notes.get(ann.POD_MODEL_SERVER_SIZING) == ann.MODEL_SERVER_SIZING_OFF:
+    if sizing == "off" or (
+        isinstance(notes, Mapping) and notes.get(ann.POD_MODEL_SERVER_SIZING) == ann.MODEL_SERVER_SIZING_OFF
+    ):
         return Plan()
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
@@ -56,11 +63,12 @@ def plan(
         if ask is None:
             continue
         cards = candidate_cards(summary, models, ask.memory_mib)
-        sizing = ms.size(container, ms.Slice(ask.memory_mib, ask.memory_percentage, cards))
-        sizings.append(sizing)
-        warnings += sizing.warnings
-        if sizing.flag is not None and sizing.invocation is not None:
-            ops.append(_op(container, i, sizing.invocation, sizing.flag))
+        seen: ms.Seen = "slice" if sizing == "slice" else "card"
+        sized = ms.size(container, ms.Slice(ask.memory_mib, ask.memory_percentage, cards, seen))
+        sizings.append(sized)
+        warnings += sized.warnings
+        if sized.flag is not None and sized.invocation is not None:
+            ops.append(_op(container, i, sized.invocation, sized.flag))
     return Plan(tuple(ops), tuple(warnings), tuple(sizings))
 
 

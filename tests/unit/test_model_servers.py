@@ -240,6 +240,25 @@ def test_user_value_never_overridden() -> None:
         assert bool(sizing.warnings) is (value != "0.3")  # 0.3 of 81559 = 24468 MiB fits 40000; 0.95 does not
 
 
+def test_hami_core_nodes_size_against_the_slice() -> None:
+    # With HAMi-core preloaded CUDA reports the slice: 0.9 of it is wrong only by the margin, 0.2316 would waste 77 %.
+    vllm = {"image": "vllm/vllm-openai:v0.11.0", "args": []}
+    seen_slice = ms.size(vllm, ms.Slice(20000, None, (), seen="slice"))
+    assert seen_slice.flag == "--gpu-memory-utilization=0.9488"  # (20000 - 1024) / 20000
+    seen_card = ms.size(vllm, ms.Slice(20000, None, (81920,)))
+    assert seen_card.flag == "--gpu-memory-utilization=0.2316"
+    own = {"image": "vllm/vllm-openai:v0.11.0", "args": ["--gpu-memory-utilization=0.9"]}
+    assert ms.size(own, ms.Slice(20000, None, (81920,), seen="slice")).warnings == ()  # 0.9 of the slice fits
+
+
+def test_a_config_file_is_not_overridden() -> None:
+    container = {"image": "vllm/vllm-openai:v0.11.0", "args": ["--config", "/etc/vllm/serve.yaml"]}
+    sizing = ms.size(container, ms.Slice(40000, None, (81559,)))
+    assert (
+        sizing.flag is None and "--config=/etc/vllm/serve.yaml may set --gpu-memory-utilization" in sizing.warnings[0]
+    )
+
+
 def test_no_inventory_percentage_sized_for_the_smallest_card_mib_warned() -> None:
     vllm = {"image": "vllm/vllm-openai:v0.11.0", "args": []}
     pct = ms.size(vllm, ms.Slice(None, 50, ()))
@@ -266,12 +285,13 @@ _SERVERS = st.sampled_from(
     cards=st.lists(st.integers(8000, 200_000), min_size=0, max_size=4).map(lambda c: tuple(sorted(set(c)))),
     memory=st.one_of(st.none(), st.integers(1, 200_000)),
     percentage=st.integers(1, 100),
+    seen=st.sampled_from(["card", "slice"]),
 )
 def test_sized_server_stays_inside_its_slice(
-    container: dict[str, Any], cards: tuple[int, ...], memory: int | None, percentage: int
+    container: dict[str, Any], cards: tuple[int, ...], memory: int | None, percentage: int, seen: ms.Seen
 ) -> None:
     cards = tuple(c for c in cards if memory is None or c >= memory)
-    slice_ = ms.Slice(memory, None if memory is not None else percentage, cards)
+    slice_ = ms.Slice(memory, None if memory is not None else percentage, cards, seen)
     sizing = ms.size({"name": "s", **container}, slice_)
     assert sizing.server is not None and sizing.invocation is not None
     if sizing.flag is None:
@@ -279,8 +299,10 @@ def test_sized_server_stays_inside_its_slice(
         return
     fraction = sizing.fraction
     assert fraction is not None and 0 < fraction < 1
-    for card in cards or (ms.SMALLEST_CARD_MIB, 2 * ms.SMALLEST_CARD_MIB, 8 * ms.SMALLEST_CARD_MIB):
-        assert _server_memory(sizing.server, fraction, card, sizing.invocation.argv) <= slice_.on(card)
+    anywhere = (memory or 0, ms.SMALLEST_CARD_MIB, 2 * ms.SMALLEST_CARD_MIB, 8 * ms.SMALLEST_CARD_MIB)
+    for card in cards or [c for c in anywhere if c >= (memory or 1)]:  # no inventory: any card that holds it
+        seen_mib = slice_.seen_on(card)  # what the server takes its fraction of
+        assert _server_memory(sizing.server, fraction, seen_mib, sizing.invocation.argv) <= slice_.on(card)
     # Idempotent: the sized container, sized again, keeps the value and says nothing.
     flagged = dict(container, args=[*container.get("args", []), sizing.flag]) if not sizing.invocation.shell else None
     if flagged is not None:

@@ -14,11 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from vgpu import logs
 from webhook import certs
-from webhook.admission import Settings
+from webhook.admission import Settings, decide
 from webhook.config import ConfigError, WebhookConfig, problems
 from webhook.config_load import SCHEMA, from_document, load
 from webhook.inventory import NodeAnnotationInventory, NoInventory
 from webhook.main import build_server, make_inventory, serve
+from webhook.review import AdmissionRequest
+from webhook.testing import make_review
 
 
 def _file(tmp_path: Path, text: str) -> str:
@@ -176,6 +178,26 @@ class Rig:
         return logging.getLevelName(root.level).lower(), fmt
 
 
+def _vllm_flag(settings: Settings) -> object:
+    """The memory flag `decide` adds to a vLLM pod on a 20000 MiB slice (no inventory: only `slice` can size it)."""
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "args": [],
+                    "resources": {"limits": {"nvidia.com/gpumem": "20000"}},
+                }
+            ]
+        },
+    }
+    request = AdmissionRequest.model_validate(make_review(pod)["request"])
+    ops = decide(request, settings, None).ops
+    return next((op["value"] for op in ops if op["path"].endswith("/args/-")), None)
+
+
 def _kubeconfig(tmp_path: Path) -> str:
     path = tmp_path / "kubeconfig"
     path.write_text(
@@ -204,6 +226,12 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
     ),
     "apply_default_count": ("false", {}, lambda r, c: Settings.from_config(c).apply_default_count, False),
     "strip_stale_annotations": ("false", {}, lambda r, c: Settings.from_config(c).strip_stale_annotations, False),
+    "model_server_sizing": (
+        "slice",
+        {},
+        lambda r, c: _vllm_flag(Settings.from_config(c)),
+        "--gpu-memory-utilization=0.9488",
+    ),
     "resource_count": ("example.com/vgpu", {}, lambda r, c: Settings.from_config(c).names.count, "example.com/vgpu"),
     "resource_memory": ("example.com/vmem", {}, lambda r, c: Settings.from_config(c).names.memory, "example.com/vmem"),
     "resource_memory_percentage": (
