@@ -20,10 +20,11 @@ _BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (?P<prog>[\w-]+) -->\n).*?(<!-- END
 
 def tables() -> dict[str, str]:
     from device_plugin.config import SCHEMA as DEVICE_PLUGIN
+    from device_plugin.standalone.config import SCHEMA as STANDALONE
     from scheduler_extender.settings import SCHEMA as EXTENDER
     from webhook.config_load import SCHEMA as WEBHOOK
 
-    return {s.prog: s.markdown_table() for s in (EXTENDER, WEBHOOK, DEVICE_PLUGIN)}
+    return {s.prog: s.markdown_table() for s in (EXTENDER, WEBHOOK, DEVICE_PLUGIN, STANDALONE)}
 
 
 def render(text: str) -> str:

@@ -19,7 +19,7 @@ class StandaloneConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    endpoints: str = Field(default="", description="this host's endpoints file (docs/telemetry.md, 'Standalone hosts')")
+    endpoints: str = Field(default="", description="this host's endpoints file (docs/standalone.md)")
     node_name: str = Field(default="", description="this host's name in the node exporter (default: the hostname)")
     host: str = Field(
         default="0.0.0.0", description="address the feed and exporter listen on (the endpoints' address, or all)"
