@@ -61,8 +61,8 @@ class WebhookConfig(BaseModel):
     model_server_sizing: ModelServerSizing = Field(
         default="card",
         description="memory flag for vLLM / SGLang containers (docs/model-servers.md): card = a fraction of the "
-        "physical card, which CUDA reports on plain, MPS and NVML-capped nodes; slice = of the slice, when every "
-        "node preloads HAMi-core; off = none",
+        "physical card (what CUDA reports on plain and NVML-capped nodes; safe on any); slice = of the slice, only "
+        "when every GPU node preloads HAMi-core; off = none",
     )
     # resource names (HAMi-compatible)
     resource_count: str = Field(default="nvidia.com/gpu", description="resource name of the GPU count")
