@@ -9,6 +9,7 @@ from device_plugin import hami_core
 from device_plugin.config import PluginConfig
 from device_plugin.health import HealthBoard, HealthMonitor
 from device_plugin.inventory import InventoryPublisher
+from device_plugin.kubelet_config import node_policy
 from device_plugin.manager import DeviceManager
 from device_plugin.mps.control import MpsControl, MpsPaths
 from device_plugin.mps.daemon import MpsDaemon, MpsDaemonSettings
@@ -75,14 +76,27 @@ class Plugin:
             names=config.resource_names(),
             retry_s=config.allocate_retry_s,
         )
+        self.topology = node_policy(
+            policy=config.topology_manager_policy,
+            scope=config.topology_manager_scope,
+            kubelet_config=config.kubelet_config,
+            numa=config.numa_topology,
+            gpu_numa=(g.numa for g in gpus),
+        )
         self.publisher = InventoryPublisher(
-            node=config.node_name, gpus=gpus, board=self.board, pods=pods, refresh_s=config.inventory_refresh_s
+            node=config.node_name,
+            gpus=gpus,
+            board=self.board,
+            pods=pods,
+            refresh_s=config.inventory_refresh_s,
+            kubelet=self.topology,
         )
         self.server = PluginServer(
             self.manager,
             self.board,
             SocketPaths(config.plugin_dir, config.socket_name),
             resource=config.resource_name,
+            advertise_numa=self.topology.numa_advertised,
             limits=GrpcLimits(
                 workers=config.grpc_workers,
                 keepalive_s=config.grpc_keepalive_s,

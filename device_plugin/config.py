@@ -60,6 +60,22 @@ class PluginConfig(BaseModel):
         default="/var/lib/kubelet/pod-resources/kubelet.sock",
         description="kubelet PodResources API socket (pod identity for Allocate)",
     )
+    # The node's Topology Manager (docs/device-plugin.md, "Topology Manager agreement"): stated in the node
+    # inventory so that the extender assigns only GPUs the kubelet will offer.
+    topology_manager_policy: Literal["", "none", "best-effort", "restricted", "single-numa-node"] = Field(
+        default="", description="the kubelet's topology manager policy; empty = topologyManagerPolicy of kubelet_config"
+    )
+    topology_manager_scope: Literal["", "container", "pod"] = Field(
+        default="", description="the kubelet's topology manager scope; empty = topologyManagerScope of kubelet_config"
+    )
+    kubelet_config: str = Field(
+        default="/var/lib/kubelet/config.yaml",
+        description="the kubelet's KubeletConfiguration file, read when the two above are empty (unreadable: none)",
+    )
+    numa_topology: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="send each replica's NUMA node to the kubelet: auto = except under best-effort (see the docs)",
+    )
     mps: bool = Field(
         default=False,
         description="run the MPS control daemon on this node and hand out MPS limits (CUDA_MPS_*), pipe and /dev/shm",

@@ -12,6 +12,7 @@ from device_plugin.health import GpuHealth, HealthBoard
 from device_plugin.pods import PodSource
 from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
+from vgpu.kubelet_topology import NodePolicy, with_policy
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,9 @@ class InventoryPublisher:
         pods: PodSource,
         refresh_s: float = 60.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        kubelet: NodePolicy | None = None,
     ) -> None:
+        self.kubelet = kubelet  # the node's Topology Manager, stated for the extender (vgpu.kubelet_topology)
         self.node = node
         self.gpus = gpus
         self.board = board
@@ -47,7 +50,7 @@ class InventoryPublisher:
 
     def publish(self, *, force: bool = False) -> bool:
         """Write the annotation if it changed (or force); returns whether it wrote. Errors are logged."""
-        value = ann.encode_inventory(current_inventory(self.gpus, self.board))
+        value = with_policy(ann.encode_inventory(current_inventory(self.gpus, self.board)), self.kubelet)
         if value == self.last and not force:
             return False
         try:

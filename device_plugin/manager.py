@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 from device_plugin.envs import ContainerSlice, EnvSettings, container_slice
 from device_plugin.health import GpuHealth, HealthBoard
-from device_plugin.matching import Candidate, MatchError, NotVisible, holding, match, preferred
+from device_plugin.matching import (
+    Candidate,
+    MatchError,
+    Mismatch,
+    NotVisible,
+    PreferredCall,
+    holding,
+    match,
+    offer_text,
+    preferred,
+)
 from device_plugin.pods import KubeletPods, KubeletView, PodRecord, PodSource
 from device_plugin.replicas import gpu_of, replica_ids
 from vgpu import annotations as ann
@@ -73,6 +83,8 @@ class DeviceManager:
         self._served: dict[tuple[str, str], tuple[str, ...]] = {}
         self._patches: queue.Queue[PodRecord | None] = queue.Queue()
         self._patcher: threading.Thread | None = None
+        # The kubelet's last GetPreferredAllocation per size: Allocate's refusals say what it offered.
+        self._offers: dict[int, PreferredCall] = {}
 
     # --- ListAndWatch ----------------------------------------------------------------------------
 
@@ -97,9 +109,11 @@ class DeviceManager:
             log.warning("GetPreferredAllocation: cannot list pods (%s); letting the kubelet choose", exc)
             return []
         with self._lock:
-            return preferred(
+            answer = preferred(
                 available, must_include, size, pods, node=self.node, kubelet=view, served=self._served.keys()
             )
+            self._offers[size] = PreferredCall(tuple(available), tuple(must_include), size, tuple(answer))
+            return answer
 
     def allocate(self, requests: list[list[str]]) -> list[ContainerSlice]:
         """One slice per container request, all or none, or AllocationError naming why.
@@ -235,6 +249,10 @@ class DeviceManager:
         except AssignmentRefused as exc:
             log.warning("pod %s: assignment refused: %s", exc.pod, exc)
             raise AllocationError(f"vGPU Allocate refused: {exc}") from None
+        except Mismatch as exc:
+            numa = {g.uuid: g.numa for g in self.gpus}
+            offer = offer_text(self._offers.get(len(ids)), ids, numa, exc.assigned)
+            raise AllocationError(f"vGPU Allocate refused: {exc}; {offer}") from None
         except MatchError as exc:
             raise AllocationError(f"vGPU Allocate refused: {exc}") from None
 

@@ -12,7 +12,7 @@ request's physical GPU set must equal the container's assigned set.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 
 from device_plugin.pods import KubeletView, PodRecord
@@ -35,6 +35,15 @@ class Candidate:
 
 class MatchError(Exception):
     """No single pod can be named for a request; the message says why and lists what was seen."""
+
+
+class Mismatch(MatchError):
+    """The kubelet chose replicas that are not one on each of the assigned GPUs (its fallback picked them, or
+    its Topology Manager never offered the assigned ones): the refusal then says what it was offered."""
+
+    def __init__(self, message: str, assigned: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.assigned = assigned
 
 
 class NotVisible(MatchError):
@@ -135,7 +144,7 @@ def match(
     except ValueError as exc:
         raise MatchError(str(exc)) from None
     if len(requested) != len(device_ids):
-        raise MatchError(f"devices {device_ids} put two vGPUs of one container on the same GPU")
+        raise Mismatch(f"devices {device_ids} put two vGPUs of one container on the same GPU")
     cands = eligible(pods, node=node, kubelet=kubelet, served=served, size=len(device_ids))
     if not cands:
         raise NotVisible(
@@ -148,9 +157,10 @@ def match(
     if vet is not None:
         vet(cand)
     if set(cand.gpus) != requested:
-        raise MatchError(
+        raise Mismatch(
             f"kubelet picked GPUs {sorted(requested)} but {cand.pod.key}[{cand.container.name}] is assigned "
-            f"{sorted(cand.gpus)} (GetPreferredAllocation not honoured?)"
+            f"{sorted(cand.gpus)}",
+            cand.gpus,
         )
     return cand
 
@@ -190,3 +200,65 @@ def preferred(
 def _replica_sort_key(rid: str) -> tuple[str, int]:
     uuid, _, n = rid.rpartition("::")
     return (uuid, int(n) if n.isascii() and n.isdigit() else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredCall:
+    """One GetPreferredAllocation request of the kubelet and our answer (kept for Allocate's refusals)."""
+
+    available: tuple[str, ...]
+    must_include: tuple[str, ...]
+    size: int
+    answer: tuple[str, ...]
+
+
+def _gpus_of(ids: Iterable[str], numa: Mapping[str, int | None]) -> str:
+    count: dict[str, int] = {}
+    for rid in ids:
+        try:
+            uuid = gpu_of(rid)
+        except ValueError:
+            uuid = rid
+        count[uuid] = count.get(uuid, 0) + 1
+    return ", ".join(
+        f"{u} (NUMA {'?' if numa.get(u) is None else numa[u]}, {n} replica{'s' if n > 1 else ''})"
+        for u, n in sorted(count.items())
+    )
+
+
+def offer_text(
+    call: PreferredCall | None,
+    device_ids: list[str],
+    numa: Mapping[str, int | None],
+    assigned: Iterable[str] = (),
+) -> str:
+    """What the kubelet offered before choosing `device_ids`: the last GetPreferredAllocation of that size,
+    or that it asked none (it takes every free replica on its Topology Manager hint's NUMA nodes without
+    asking when they are no more than needed; k8s.io/kubernetes v1.34.4 devicemanager devicesToAllocate)."""
+    if call is None:
+        return (
+            f"the kubelet chose {_gpus_of(device_ids, numa)} without calling GetPreferredAllocation (it takes every "
+            "free replica on its Topology Manager's NUMA node(s) first when they are no more than needed)"
+        )
+    text = (
+        f"the kubelet offered GetPreferredAllocation {len(call.available)} free replica(s) on "
+        f"{_gpus_of(call.available, numa) or 'no GPU'}"
+    )
+    if call.must_include:
+        text += f", must include {_gpus_of(call.must_include, numa)}"
+    offered = {gpu_of(r) for r in (*call.available, *call.must_include) if _is_replica(r)}
+    missing = sorted(set(assigned) - offered)
+    if missing:
+        text += (
+            f" - not the assigned {', '.join(f'{u} (NUMA {numa.get(u)})' for u in missing)}: its Topology Manager aligned the container to "
+            "another NUMA node (is the node's policy in the inventory? docs/device-plugin.md)"
+        )
+    return f"{text}; we answered {list(call.answer)}; it then chose {_gpus_of(device_ids, numa)}"
+
+
+def _is_replica(rid: str) -> bool:
+    try:
+        gpu_of(rid)
+    except ValueError:
+        return False
+    return True

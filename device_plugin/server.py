@@ -62,8 +62,10 @@ class GrpcLimits:
         return self.workers * 4
 
 
-def device_pb(r: Replica) -> pb.Device:
-    topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=r.numa)]) if r.numa is not None else None
+def device_pb(r: Replica, *, numa: bool = True) -> pb.Device:
+    """`numa`: send the replica's NUMA node (TopologyInfo); without it the kubelet's device manager has no
+    topology preference and offers every free replica (docs/device-plugin.md, "Topology Manager agreement")."""
+    topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=r.numa)]) if numa and r.numa is not None else None
     return pb.Device(ID=r.id, health=HEALTHY if r.healthy else UNHEALTHY, topology=topo)
 
 
@@ -91,9 +93,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     trimmed message (the fuzz tests assert it never happens)."""
 
     def __init__(
-        self, manager: DeviceManager, board: HealthBoard, stop: threading.Event, *, max_watchers: int = MAX_WATCHERS
+        self,
+        manager: DeviceManager,
+        board: HealthBoard,
+        stop: threading.Event,
+        *,
+        max_watchers: int = MAX_WATCHERS,
+        advertise_numa: bool = True,
     ) -> None:
         self.manager = manager
+        self.advertise_numa = advertise_numa
         self.board = board
         self.stop = stop
         self.max_watchers = max_watchers
@@ -116,7 +125,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             last: list[pb.Device] | None = None
             seen = self.board.version
             while not self.stop.is_set() and context.is_active():
-                devices = [device_pb(r) for r in self.manager.devices()]
+                devices = [device_pb(r, numa=self.advertise_numa) for r in self.manager.devices()]
                 if devices != last:
                     last = devices
                     yield pb.ListAndWatchResponse(devices=devices)
@@ -193,8 +202,10 @@ class PluginServer:
         *,
         resource: str,
         limits: GrpcLimits = GrpcLimits(),
+        advertise_numa: bool = True,
     ) -> None:
         self.manager = manager
+        self.advertise_numa = advertise_numa
         self.board = board
         self.paths = paths
         self.resource = resource
@@ -216,7 +227,9 @@ class PluginServer:
             options=self.limits.options(),
             maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs,
         )
-        self.servicer = DevicePluginServicer(self.manager, self.board, self._serving_stop)
+        self.servicer = DevicePluginServicer(
+            self.manager, self.board, self._serving_stop, advertise_numa=self.advertise_numa
+        )
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         server.add_insecure_port(f"unix://{self.paths.plugin}")
         server.start()

@@ -16,6 +16,7 @@ from device_plugin.nvml import real
 from device_plugin.podresources import PodResourcesClient
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.pods import MemoryPods
+from vgpu import kubelet_topology as kt
 from vgpu import logs
 from vgpu.settings import SettingsError
 
@@ -181,6 +182,28 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         {},
         lambda r, c, m: PodResourcesClient(c.pod_resources_socket).socket_path,
         "/run/pr.sock",
+    ),
+    "topology_manager_policy": (
+        "single-numa-node",
+        {"kubelet_config": "/nonexistent"},
+        lambda r, c, m: r.plugin(c).publisher.kubelet,
+        kt.NodePolicy("single-numa-node", numa_advertised=True, numa_nodes=(0, 1)),
+    ),
+    "topology_manager_scope": ("pod", {}, lambda r, c, m: r.plugin(c).topology.scope, "pod"),
+    "kubelet_config": (
+        "{tmp}/kubelet.yaml",
+        {},
+        lambda r, c, m: (
+            Path(c.kubelet_config).write_text("topologyManagerPolicy: restricted\n"),
+            r.plugin(c).topology.policy,
+        )[1],
+        "restricted",
+    ),
+    "numa_topology": (
+        "never",
+        {"topology_manager_policy": "single-numa-node"},
+        lambda r, c, m: (r.plugin(c).server.advertise_numa, r.plugins[-1].publisher.kubelet),
+        (False, kt.NodePolicy("single-numa-node", numa_advertised=False, numa_nodes=(0, 1))),
     ),
     "mps": ("true", {}, lambda r, c, m: r.plugin(c).manager.settings.mps, True),
     "mps_control_binary": (
