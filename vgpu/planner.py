@@ -23,7 +23,7 @@ from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
 from vgpu.placement.role_score import role_score
 from vgpu.pod import PodInfo
-from vgpu.state import ClusterState, GpuUsage
+from vgpu.state import ClusterState, GpuUsage, NodeState
 from vgpu.topology import placement_score
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
@@ -60,6 +60,10 @@ class Evaluation:
         if not self.feasible:
             return None
         return max(self.feasible.items(), key=lambda kv: kv[1].score)
+
+
+def _idle(node: NodeState) -> set[str]:
+    return {u.device.uuid for u in node.gpus if not u.holders}
 
 
 def _rank_binpack(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
@@ -170,7 +174,7 @@ class Planner:
             return NodeResult(None, failure=fit)
         score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
         if self.config.topology and self.config.topology_weight:
-            linked = placement_score(node.topology, fit.containers)
+            linked = placement_score(node.topology, fit.containers, lambda: _idle(node))
             if linked is not None:  # a multi-GPU pod: nodes that give a connected set score higher
                 score += self.config.topology_weight * linked
         return NodeResult(fit, score=score)

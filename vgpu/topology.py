@@ -16,7 +16,7 @@ topology and pack as before).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -38,6 +38,8 @@ class Link(IntEnum):
 # node policy scores in [0, 1], so any NVLink set (>= 0.75 x 2) outscores every set without one (<= 0.25 x 2)
 # whatever the policy says, while one NUMA node over two is worth half the policy's range.
 LINK_SCORE = {Link.NVLINK: 1.0, Link.NVLINK_CROSS_NUMA: 0.75, Link.NUMA: 0.25, Link.NONE: 0.0}
+# Added to an NVLink set's LINK_SCORE, times the share of its domain's idle GPUs it takes (placement_score).
+FIT_BONUS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +148,29 @@ def choose(order: Sequence[str], count: int, topo: NodeTopology) -> tuple[list[i
     return best[1], best[0]
 
 
-def placement_score(topo: NodeTopology, containers: Sequence[ContainerAssignment]) -> float | None:
-    """Mean `LINK_SCORE` of the containers that hold more than one slice; None when none does (a single-GPU
-    pod scores no topology term, so its node order is the policy's alone)."""
-    scores = [LINK_SCORE[topo.link([d.uuid for d in c.devices])] for c in containers if len(c.devices) > 1]
+def placement_score(
+    topo: NodeTopology, containers: Sequence[ContainerAssignment], idle: Callable[[], set[str]]
+) -> float | None:
+    """Mean `LINK_SCORE` of the containers that hold more than one slice, plus `FIT_BONUS` x how snugly an NVLink
+    set fills the idle part of its NVLink domain; None when no container holds more than one slice (a single-GPU
+    pod scores no topology term, so its node order is the policy's alone). `idle`: the GPUs holding no slice yet,
+    asked for only when needed.
+
+    The fit part keeps large domains whole: a TP2 pod takes a bridged pair (2 of 2 idle: fit 1) before two GPUs
+    of an idle NVSwitch node (2 of 8: 0.25), which a TP8 pod may need next. Measured in docs/topology.md: without
+    it, TP2/TP4 pods spread over NVSwitch nodes and TP8 pods found none whole."""
+    scores: list[float] = []
+    idle_now: set[str] | None = None
+    for c in containers:
+        if len(c.devices) < 2:
+            continue
+        uuids = [d.uuid for d in c.devices]
+        link = topo.link(uuids)
+        score = LINK_SCORE[link]
+        if link <= Link.NVLINK_CROSS_NUMA:
+            if idle_now is None:
+                idle_now = idle()
+            domain = max((cl for cl in topo.cliques if cl.issuperset(uuids)), key=len)
+            score += FIT_BONUS * len(uuids) / max(len(uuids), len(domain & idle_now))
+        scores.append(score)
     return sum(scores) / len(scores) if scores else None

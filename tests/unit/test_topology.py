@@ -344,3 +344,13 @@ def test_cluster_file_template_pairs_bridges_neighbours_and_leaves_an_odd_gpu_al
     (node,), _ = parse_cluster(doc)
     assert [g.nvlink_peers for g in node.gpus] == [("GPU-l40-1",), ("GPU-l40-0",), ()]
     assert [sorted(c) for c in node_topology(node.gpus).cliques] == [["GPU-l40-0", "GPU-l40-1"]]
+
+
+def test_tp2_takes_a_bridged_pair_before_breaking_an_idle_nvswitch_node() -> None:
+    s = _state(_nvswitch("nvs"), _pairs("bridged"))
+    plan = Planner(s)
+    ev = plan.evaluate(make_info(gpu=2))
+    assert max(ev.scores, key=lambda n: ev.scores[n]) == "bridged"
+    s.apply("default/half", make_assignment("nvs", [(i, GPU_MEM, 100) for i in range(4)]))
+    ev4 = plan.evaluate(make_info(gpu=4))
+    assert ev4.scores["nvs"] > ev4.scores["bridged"]  # 4 of the 4 idle NVSwitch GPUs: a snug fit
