@@ -23,6 +23,8 @@ GPU_ATTRIBUTE = "GPUUtilization"
 GPU_PRODUCER = "dcgm-extractor"
 # pkg/epp/framework/plugins/datalayer/extractor/dcgm/extractor.go @ 25998b95: gpuUtilMetricName, podLabelName;
 # samples with a `pod` label equal to the endpoint's PodName (file discovery: the entry's name) are kept.
+# The version the generic filter/scorer can read publishes attrmetrics.ScalarMetricValue (and errors on a
+# sample that is not a gauge): the 25998b95 version stored a GPUUtilization type the generic plugins cannot read.
 FEED_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 FEED_POD_LABEL = "pod"
 # pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go @ 533a218d: RoleLabel and the values the
