@@ -261,7 +261,7 @@ def _size_fraction(
     kept = {c: slice_.on(c) - (vllm_margin_mib(slice_.on(c)) if reserve is None else reserve) for c in cards}
     best = min(kept[c] / slice_.seen_on(c) for c in cards)
     fraction = math.floor(best * 10**FRACTION_DIGITS) / 10**FRACTION_DIGITS
-    user = flags.get(flag)
+    user = _given(flags, flag)
     if user is not None:
         return Sizing(
             name,
@@ -385,6 +385,13 @@ def _flags(argv: Sequence[str]) -> dict[str, str]:
             value = "" if nxt.startswith("--") else nxt
         out[key] = value
     return out
+
+
+def _given(flags: Mapping[str, str], flag: str) -> str | None:
+    """The user's value of `flag`, also under an abbreviation argparse would accept (`--gpu-memory=0.5`)."""
+    if flag in flags:
+        return flags[flag]
+    return next((v for k, v in flags.items() if len(k) >= 8 and flag.startswith(k)), None)
 
 
 def _int(flags: Mapping[str, str], *names: str) -> int | None:

@@ -233,6 +233,10 @@ def test_shell_line_gets_the_flag_after_the_invocation() -> None:
 
 
 def test_user_value_never_overridden() -> None:
+    abbreviated = ms.size(
+        {"image": "vllm/vllm-openai:v0.11.0", "args": ["--gpu-memory", "0.3"]}, ms.Slice(40000, None, (81559,))
+    )
+    assert abbreviated.outcome == "user-set" and abbreviated.flag is None  # argparse would read it as the fraction
     for value in ("0.3", "0.95", "abc"):
         container = {"image": "vllm/vllm-openai:v0.11.0", "args": [f"--gpu_memory_utilization={value}"]}
         sizing = ms.size(container, ms.Slice(40000, None, (81559,)))
