@@ -84,8 +84,9 @@ class Invocation:
         return self.field is not None
 
 
-# What CUDA reports as the device's memory, which both servers take their fraction of: the whole card (plain,
-# MPS, NVML caps), or the slice where HAMi-core is preloaded on every node (it answers cuMemGetInfo with the limit).
+# What CUDA reports as the device's memory, which both servers take their fraction of: the whole card (plain and
+# NVML-capped nodes), or the slice where HAMi-core is preloaded on every node (its cuMemGetInfo_v2 hook, HAMi-core
+# src/cuda/memory.c with HOOK_MEMINFO_ENABLE, reports total = min(limit, card), free = limit - the container's usage).
 Seen = Literal["card", "slice"]
 
 
