@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 IMAGE ?= kube-vgpu:dev
 LOCK_FLAGS ?=
 
-.PHONY: help venv lock demo test lint fmt image clean
+.PHONY: help venv lock demo test gpu-check lint fmt image clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 venv: ## create/refresh .venv (idempotent)
 	@VENV=$(VENV) hack/venv.sh
@@ -25,6 +25,9 @@ demo: venv ## replay the bundled llm-d P/D workload onto the embedded cluster (n
 
 test: venv ## run the whole test suite; the first run builds the tools it needs first (etcd, kube-apiserver, ...)
 	$(BIN)/python -m pytest -q
+
+gpu-check: venv ## on a machine with an NVIDIA GPU: the checks only a GPU can run, one line each (hack/gpu-check.py)
+	$(BIN)/python hack/gpu-check.py
 
 lint: venv ## ruff, formatting, mypy --strict and the import-linter contracts
 	$(BIN)/ruff check .
