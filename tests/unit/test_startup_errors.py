@@ -88,6 +88,12 @@ def test_device_plugin_with_missing_fake_nvml_scenario(kube_free: Path) -> None:
 # --- extender ---------------------------------------------------------------------------------------
 
 
+def test_device_plugin_with_missing_hami_core_library(kube_free: Path) -> None:
+    lib = str(kube_free / "libvgpu.so")
+    proc = run("vgpu-device-plugin", "--node-name", "n1", "--hami-core-library", lib, home=kube_free)
+    assert_clear(proc, f"HAMi-core library {lib} does not exist", "--hami-core-library", "VGPU_DP_HAMI_CORE_LIBRARY")
+
+
 def test_extender_without_apiserver(kube_free: Path) -> None:
     proc = run("vgpu-extender", *extender_auth_args(kube_free), home=kube_free)
     assert_clear(proc, "no Kubernetes API", "--kubeconfig", "VGPU_EXTENDER_KUBECONFIG", "--source file")
