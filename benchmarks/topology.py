@@ -186,6 +186,9 @@ def main() -> None:
     p.add_argument("--nodes-per-kind", type=int, default=8, help="nodes of each kind (default: %(default)s)")
     p.add_argument("--load", type=float, default=0.85, help="mean share of GPUs held (default: %(default)s)")
     p.add_argument("--policy", default="default", help="node policy (default: %(default)s)")
+    p.add_argument(
+        "--weight", type=float, action="append", default=[], help="also run topology_weight W (repeatable)"
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = p.parse_args()
     lo, _, hi = args.seeds.partition("-")
@@ -195,6 +198,7 @@ def main() -> None:
     configs = {
         "topology off (before)": PlacementConfig(node_policy=args.policy, topology=False),
         "topology on (default)": PlacementConfig(node_policy=args.policy),
+        **{f"topology weight {w:g}": PlacementConfig(node_policy=args.policy, topology_weight=w) for w in args.weight},
     }
     results: dict[str, list[Result]] = {name: [] for name in configs}
     t0 = time.perf_counter()
