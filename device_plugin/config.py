@@ -70,7 +70,7 @@ class PluginConfig(BaseModel):
     )
     kubelet_config: str = Field(
         default="/var/lib/kubelet/config.yaml",
-        description="the kubelet's KubeletConfiguration file, read when the two above are empty (unreadable: none)",
+        description="the kubelet's KubeletConfiguration file, read when the two above are empty (unreadable: NUMA not sent)",
     )
     numa_topology: Literal["auto", "always", "never"] = Field(
         default="auto",

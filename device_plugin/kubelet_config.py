@@ -3,7 +3,8 @@
 The policy and scope come from the plugin's settings, else from the kubelet's own KubeletConfiguration file
 (fields `topologyManagerPolicy`, `topologyManagerScope`: k8s.io/kubelet@v0.34.4 config/v1beta1/types.go);
 a kubelet started with --topology-manager-policy flags instead of a file needs the settings. Whether each
-replica's NUMA node is advertised follows vgpu.kubelet_topology.advertises_numa.
+replica's NUMA node is advertised follows vgpu.kubelet_topology.advertises_numa; when the policy is unknown
+(no setting, the file unreadable) it is not, which is safe under every policy.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ log = logging.getLogger(__name__)
 NumaMode = Literal["auto", "always", "never"]
 
 
-def read_kubelet_config(path: str) -> tuple[str, str]:
-    """(topologyManagerPolicy, topologyManagerScope) of a KubeletConfiguration file, "" where unset or the
-    file cannot be read (the kubelet's defaults are then none and container)."""
+def read_kubelet_config(path: str) -> tuple[str, str] | None:
+    """(topologyManagerPolicy, topologyManagerScope) of a KubeletConfiguration file, "" where unset (the
+    kubelet's defaults none and container); None when the file cannot be read (the policy is unknown)."""
     try:
         doc: Any = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        log.warning("cannot read the kubelet config %s (%s); assuming topology manager policy none", path, exc)
-        return "", ""
+        log.warning("cannot read the kubelet config %s (%s)", path, exc)
+        return None
     if not isinstance(doc, dict):
-        return "", ""
+        return None
     options = doc.get("topologyManagerPolicyOptions") or {}
     if isinstance(options, dict) and str(options.get("prefer-closest-numa-nodes", "")).lower() == "true":
         log.info("prefer-closest-numa-nodes only reorders multi-NUMA hints of equal width; modelled as without it")
@@ -47,7 +48,14 @@ def node_policy(
 ) -> NodePolicy:
     """The NodePolicy to publish; settings win over the kubelet's file (whose values the settings' own
     validation does not see: one the kubelet would not accept is logged and taken as the default)."""
-    file_policy, file_scope = read_kubelet_config(kubelet_config) if not (policy and scope) else ("", "")
+    read = read_kubelet_config(kubelet_config) if not (policy and scope) else ("", "")
+    file_policy, file_scope = read if read is not None else ("", "")
+    if not policy and read is None and numa == "auto":
+        # Unknown policy: hide NUMA, which every policy admits (the kubelet then offers every free replica).
+        log.warning(
+            "topology manager policy unknown (no setting, %s unreadable): replicas carry no NUMA", kubelet_config
+        )
+        numa = "never"
     p = policy or file_policy or "none"
     s = scope or file_scope or "container"
     if p not in POLICIES:

@@ -45,9 +45,17 @@ def test_settings_win_over_the_file_and_no_file_means_the_kubelet_defaults(tmp_p
     assert node_policy(policy="restricted", scope="", kubelet_config=f, numa="auto", gpu_numa=[0, 1]).policy == (
         "restricted"
     )
+    # A file without the fields: the kubelet's defaults.
+    bare = kubelet_file(tmp_path, "maxPods: 110\n")
+    got = node_policy(policy="", scope="", kubelet_config=bare, numa="auto", gpu_numa=[0, 1])
+    assert got == kt.NodePolicy("none", "container", numa_advertised=True, numa_nodes=(0, 1))
+
+
+def test_an_unknown_policy_hides_numa_which_every_policy_admits(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     got = node_policy(policy="", scope="", kubelet_config=missing, numa="auto", gpu_numa=[0, 1])
-    assert (got.policy, got.scope) == ("none", "container")
+    assert (got.policy, got.numa_advertised) == ("none", False)
+    assert node_policy(policy="", scope="", kubelet_config=missing, numa="always", gpu_numa=[0, 1]).numa_advertised
 
 
 def test_a_value_the_kubelet_would_not_accept_is_logged_and_taken_as_none(
@@ -73,7 +81,7 @@ def test_a_value_the_kubelet_would_not_accept_is_logged_and_taken_as_none(
     ],
 )
 def test_what_is_advertised_per_policy(policy: str, mode: str, gpu_numa: list[int | None], advertised: bool) -> None:
-    got = node_policy(policy=policy, scope="container", kubelet_config="", numa=mode, gpu_numa=gpu_numa)  # type: ignore[arg-type]
+    got = node_policy(policy=policy, scope="container", kubelet_config="/nonexistent", numa=mode, gpu_numa=gpu_numa)  # type: ignore[arg-type]
     assert got.numa_advertised is advertised
 
 
