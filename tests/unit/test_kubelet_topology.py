@@ -9,6 +9,7 @@ assigned GPUs, and what a policy must refuse is refused by the extender before b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -334,3 +335,16 @@ def test_a_bad_policy_in_the_inventory_is_refused_naming_the_field(field: object
     with pytest.raises(CodecError, match=message.replace("(", r"\(")) as err:
         kt.policy_of(value)
     assert ann.NODE_INVENTORY in str(err.value)
+
+
+def test_the_extenders_filter_drops_a_node_the_kubelet_would_refuse_and_keeps_the_others() -> None:
+    """What kube-scheduler gets from /filter (vgpu.planner): the single-numa-node node that could only give GPUs
+    across NUMA nodes is failed with the kubelet's view as the reason; a node without that policy stays."""
+    from vgpu.planner import Planner
+
+    p = Planner(state(node("single-numa-node"), CASES["2 vGPUs across NUMA nodes"][0]))
+    gpus = tuple(dataclasses.replace(g, uuid=g.uuid.replace("GPU", "GPU-b")) for g in node("none").gpus)
+    p.state.upsert_node(NodeInventory("b", gpus, kubelet=kt.NodePolicy("none")))
+    got = p.evaluate(make_info(gpu=2, gpumem=10000))
+    assert list(got.feasible) == ["b"]
+    assert "single-numa-node" in got.failed["n"] and "would refuse 2 vGPU(s)" in got.failed["n"]
