@@ -103,8 +103,8 @@ class Node:
 def make_node(checker: str, tmp_path: Path) -> Iterator[Any]:
     nodes: list[Node] = []
 
-    def start(policy: kt.Policy) -> Node:
-        np = kt.NodePolicy(policy, numa_advertised=kt.advertises_numa(policy, "auto"), numa_nodes=(0, 1))
+    def start(policy: kt.Policy, numa: str = "auto") -> Node:
+        np = kt.NodePolicy(policy, numa_advertised=kt.advertises_numa(policy, numa), numa_nodes=(0, 1))  # type: ignore[arg-type]
         folder = tmp_path / f"dp-{len(nodes)}"
         folder.mkdir()
         pods = MemoryPods()
@@ -221,3 +221,44 @@ def test_without_the_hook_the_kubelet_refuses_and_the_plugin_says_what_it_offere
         and f"not the assigned {GPUS[3].uuid} (NUMA 1)" in got["message"]
     )
     print("without the hook:", got["message"][:400])
+
+
+ISSUE_CASES = {  # the issue's four pods on an empty node, with the GPUs a NUMA-blind extender gave them
+    "1 vGPU on NUMA 0": [0],
+    "1 vGPU on NUMA 1": [2],
+    "2 vGPUs on NUMA 1": [2, 3],
+    "2 vGPUs across NUMA 0/1": [0, 2],
+}
+
+
+@pytest.mark.parametrize("policy", ["best-effort", "single-numa-node"])
+def test_before_and_after_on_an_empty_node(make_node: Any, policy: kt.Policy) -> None:
+    """Before: NUMA advertised, the extender blind to the kubelet - 1 of 4 admitted, as the issue measured.
+    After: the plugin's auto advertisement and the extender's hook - 4 of 4, each on the GPUs assigned."""
+    before: dict[str, bool] = {}
+    for case, idx in ISSUE_CASES.items():
+        node: Node = make_node(policy, numa="always")
+        node.state.upsert_node(NodeInventory(NODE, GPUS))  # the extender does not know the policy
+        pod = make_info("p", gpu=len(idx), gpumem=10000)
+        blind = NodePlacement(NODE, (ContainerAssignment("main", tuple(DeviceSlice(GPUS[i].uuid, i, 10000, 13) for i in idx)),))  # fmt: skip
+        got = node.admit(pod, blind)
+        before[case] = bool(got["admitted"])
+        if not got["admitted"]:
+            assert "offered GetPreferredAllocation" in got["message"] or "without calling" in got["message"], got
+    after: dict[str, bool] = {}
+    where: dict[str, list[int]] = {}  # NUMA nodes of the GPUs the extender chose with the hook
+    for case, idx in ISSUE_CASES.items():
+        node = make_node(policy)
+        pod = make_info("p", gpu=len(idx), gpumem=10000)
+        placed = node.place(pod, rank="high-first")
+        assert isinstance(placed, NodePlacement), placed
+        got = node.admit(pod, placed)
+        assigned = sorted(d.uuid for d in placed.containers[0].devices)
+        where[case] = sorted({NUMA[d.index] for d in placed.containers[0].devices})
+        after[case] = (
+            bool(got["admitted"]) and sorted(r.rpartition("::")[0] for r in got["devices"]["main"]) == assigned
+        )
+    print(f"\n{policy}: before {sum(before.values())}/4 admitted {before}")
+    print(f"{policy}: after {sum(after.values())}/4 admitted {after}, on NUMA nodes {where}")
+    assert before == {"1 vGPU on NUMA 0": True, "1 vGPU on NUMA 1": False, "2 vGPUs on NUMA 1": False, "2 vGPUs across NUMA 0/1": False}  # fmt: skip
+    assert all(after.values())
