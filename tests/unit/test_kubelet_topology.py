@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from device_plugin.matching import preferred as plugin_preferred
 from device_plugin.pods import PodRecord
@@ -154,9 +156,12 @@ def plugin_for(pod: PodInfo, assignment: Assignment) -> Callable[[str], kt.Prefe
         assignment=assignment,
     )  # fmt: skip
 
-    def for_container(_: str) -> kt.Preferred:
+    names = [c.name for c in assignment.containers]
+
+    def for_container(name: str) -> kt.Preferred:
+        served = {("uid", n) for n in names[: names.index(name)]}  # the earlier containers were allocated
         return lambda avail, must, size: plugin_preferred(
-            avail, must, size, [record], node="n", kubelet=None, served=set()
+            avail, must, size, [record], node="n", kubelet=None, served=served
         )
 
     return for_container
@@ -348,3 +353,41 @@ def test_the_extenders_filter_drops_a_node_the_kubelet_would_refuse_and_keeps_th
     got = p.evaluate(make_info(gpu=2, gpumem=10000))
     assert list(got.feasible) == ["b"]
     assert "single-numa-node" in got.failed["n"] and "would refuse 2 vGPU(s)" in got.failed["n"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    policy=st.sampled_from(kt.POLICIES),
+    scope=st.sampled_from(kt.SCOPES),
+    numa=st.lists(st.integers(0, 1), min_size=2, max_size=6),
+    held=st.lists(st.integers(0, SPLIT), min_size=6, max_size=6),
+    counts=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    high_first=st.booleans(),
+)
+def test_whatever_the_extender_places_the_modelled_kubelet_admits_on_the_assigned_gpus(
+    policy: kt.Policy, scope: kt.Scope, numa: list[int], held: list[int], counts: list[int], high_first: bool
+) -> None:
+    """Random 2-NUMA nodes, occupancy, policies, scopes and pods: a placement of the fit (with the hook) is
+    admitted by the modelled kubelet with the plugin's answer deciding every replica, one per assigned GPU."""
+    gpus = tuple(
+        GpuDevice(uuid=f"GPU-{i}", index=i, model="H100", memory_mib=MEM, split_count=SPLIT, numa=n)
+        for i, n in enumerate(numa)
+    )
+    inv = NodeInventory("n", gpus, kubelet=kt.NodePolicy(policy, scope, kt.advertises_numa(policy, "auto")))
+    s = state(inv, {i: [1000] * held[i] for i in range(len(gpus))})
+    pod = make_info(containers=[make_container(f"c{k}", gpu=c, gpumem=1000) for k, c in enumerate(counts)])
+    fit = fit_node(s.nodes["n"], pod, s.config, HighFirst if high_first else LowFirst)
+    if isinstance(fit, FitFailure):
+        return
+    assert inv.kubelet is not None
+    adm = kt.admit_pod(
+        inv.kubelet,
+        kt.replicas_of(s.nodes["n"].gpus, {}),
+        [(c.name, len(c.devices)) for c in fit.containers],
+        plugin_for(pod, fit.assignment(pod)),
+    )
+    assert adm.admitted, adm.reason
+    for c in fit.containers:
+        got = served_gpus(adm, c.name)
+        assert sorted(got) == sorted(d.uuid for d in c.devices) and len(set(got)) == len(got)
+        assert not adm.allocations[c.name].fallback
