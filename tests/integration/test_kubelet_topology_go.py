@@ -10,6 +10,7 @@ binding where the policy must refuse. Skipped only when Go is not installed.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -262,3 +263,34 @@ def test_before_and_after_on_an_empty_node(make_node: Any, policy: kt.Policy) ->
     print(f"{policy}: after {sum(after.values())}/4 admitted {after}, on NUMA nodes {where}")
     assert before == {"1 vGPU on NUMA 0": True, "1 vGPU on NUMA 1": False, "2 vGPUs on NUMA 1": False, "2 vGPUs across NUMA 0/1": False}  # fmt: skip
     assert all(after.values())
+
+
+@pytest.mark.parametrize("policy", kt.POLICIES)
+def test_random_arrivals_and_departures_are_admitted_on_the_assigned_gpus(make_node: Any, policy: kt.Policy) -> None:
+    """40 pods of 1-2 vGPUs and random sizes arrive (a random GPU order each) and leave at random: every pod
+    the extender places is admitted by the kubelet's code on exactly its GPUs; the others were refused by
+    the extender before binding (counted: those whose reason names GPUs the kubelet would not offer)."""
+    rng = random.Random(f"h3-{policy}")
+    node: Node = make_node(policy)
+    live: list[str] = []
+    admitted = refused = by_kubelet = 0
+    for i in range(40):
+        if live and rng.random() < 0.35:
+            node.delete(live.pop(rng.randrange(len(live))))
+        pod = make_info(f"r{i}", gpu=rng.choice([1, 1, 2]), gpumem=rng.choice([8000, 20000, 40000]))
+        placed = node.place(pod, rank=rng.choice(["low-first", "high-first"]))
+        if isinstance(placed, FitFailure):
+            refused += 1
+            by_kubelet += "kubelet" in placed.reason
+            continue
+        got = node.admit(pod, placed)
+        assert got["admitted"], (got, node.log[-5:])
+        assert sorted(r.rpartition("::")[0] for r in got["devices"]["main"]) == sorted(
+            d.uuid for d in placed.containers[0].devices
+        )
+        live.append(pod.name)
+        admitted += 1
+    print(
+        f"\n{policy}: {admitted} admitted on their GPUs, {refused} refused by the extender ({by_kubelet} for the kubelet)"
+    )
+    assert admitted >= 10
