@@ -110,7 +110,9 @@ LINES: dict[str, RouterLine] = {
         },
         combined_attribute=False,
         # datalayer/discovery/file/README.md @ 25eaa393: dataLayer.discovery.endpoints.pluginRef (with the
-        # peer-discovery split), and the runner's test reads conf.DataLayer.Discovery.Endpoints.PluginRef
+        # peer-discovery split), and the runner's test reads conf.DataLayer.Discovery.Endpoints.PluginRef.
+        # Dating: a review on llm-d-router pull 2341 (2026-08-13) still names dataLayer.discovery.pluginRef as
+        # the way, and pull 2501 (2026-08-26) adds DataLayer.Discovery.Peers: the split came after v0.10.0.
         discovery_ref=("discovery", "endpoints", "pluginRef"),
     ),
 }
