@@ -121,10 +121,9 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
     by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
     topo = node.topology
     near = near_counterpart(node, pod) if by_role_order and config.topology else frozenset()
-    pod_count = sum(r.count for r in pod.request.containers)
     for req in pod.request.containers:
         # Kubelet agreement: only GPUs whose replicas the kubelet will offer (vgpu.kubelet_topology).
-        offer = fit_offer(inv.kubelet, node.gpus, extra, req.count, pod_count)
+        offer = None if inv.kubelet is None else fit_offer(inv.kubelet, node.gpus, extra, req, pod.request)
         if offer is not None and offer.refusal is not None:
             return FitFailure(f"container {req.container!r}: {offer.refusal}")
         candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []

@@ -583,18 +583,29 @@ def replicas_of(usages: Iterable[_Usage], extra_sharers: Mapping[str, Sequence[i
     return out
 
 
+class _Request(Protocol):
+    @property
+    def count(self) -> int: ...
+
+
+class _PodRequest(Protocol):
+    @property
+    def containers(self) -> Sequence[_Request]: ...
+
+
 def fit_offer(
-    node: NodePolicy | None,
+    node: NodePolicy,
     usages: Sequence[_Usage],
     extra_sharers: Mapping[str, Sequence[int]],
-    count: int,
-    pod_count: int,
+    request: _Request,
+    pod: _PodRequest,
 ) -> Offer | None:
-    """vgpu.fit's hook: the Offer for the next container (None: the kubelet offers every free replica).
-    Under the pod scope the hint is the pod's, computed before any of its containers is placed."""
-    if node is None or not node.narrows:
+    """vgpu.fit's hook: the Offer for the container asking `request` (None: the kubelet offers every free
+    replica). Under the pod scope the hint is the pod's, computed before any of its containers is placed."""
+    if not node.narrows:
         return None
     now = replicas_of(usages, extra_sharers)
     if node.scope != "pod":
-        return container_offer(node, now, count)
-    return container_offer(node, now, count, hint_gpus=replicas_of(usages, {}), hint_count=pod_count)
+        return container_offer(node, now, request.count)
+    total = sum(r.count for r in pod.containers)
+    return container_offer(node, now, request.count, hint_gpus=replicas_of(usages, {}), hint_count=total)
