@@ -171,6 +171,7 @@ class Plugin:
                         port=port,
                         timeout_s=self.config.http_timeout_s,
                         max_connections=self.config.http_max_connections,
+                        version=watchdog.snapshot,  # rendered once per watchdog cycle, not per scrape
                     )
                 )
             except OSError as exc:

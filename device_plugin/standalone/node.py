@@ -108,7 +108,14 @@ class StandaloneNode:
         ):
             if port:
                 self.servers.append(
-                    serve(registry, host=host, port=port, timeout_s=timeout_s, max_connections=max_connections)
+                    serve(
+                        registry,
+                        host=host,
+                        port=port,
+                        timeout_s=timeout_s,
+                        max_connections=max_connections,
+                        version=self.watchdog.snapshot,
+                    )
                 )
         self._refs_reset = threading.Thread(target=self._forget_on_change, name="endpoints-changed", daemon=True)
         self._refs_reset.start()

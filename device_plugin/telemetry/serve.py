@@ -5,6 +5,11 @@ opens a connection and sends nothing (or a byte now and then) holds a thread for
 has `timeout_s` in all to send its request and be answered — a deadline, not a per-read timeout, so a trickle
 does not extend it — and at most `max_connections` are served at once; more are closed at once
 (docs/device-plugin.md, "Limits").
+
+With `version` (the watchdog's snapshot getter) the exposition is rendered once per snapshot and the same
+bytes are served to every scrape until the next one: the llm-d router scrapes the node's feed once per
+endpoint per tick (50 ms by default), so a node with many endpoints is scraped hundreds of times a second
+while the data changes once a second (benchmarks/router_feed_scrape.py).
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,36 @@ class _BoundedServer(ThreadingWSGIServer):
         log.debug("exporter connection from %s failed", client_address, exc_info=True)
 
 
+class CachedExposition:
+    """A WSGI app serving `registry`'s text exposition, rendered again only when `version()` returns another
+    object (identity: the watchdog publishes a new Snapshot per cycle). Any path, any method: like the
+    exporter it replaces, the body is the whole registry."""
+
+    def __init__(self, registry: CollectorRegistry, version: Callable[[], object]) -> None:
+        self.registry = registry
+        self.version = version
+        self.renders = 0
+        self._lock = threading.Lock()
+        self._key: object = None
+        self._body = b""
+
+    def body(self) -> bytes:
+        key = self.version()
+        with self._lock:  # one render per snapshot even when scrapes arrive together
+            if key is not self._key or not self.renders:
+                self._body = generate_latest(self.registry)
+                self._key = key
+                self.renders += 1
+            return self._body
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        body = self.body()
+        # the text format 0.0.4, what make_wsgi_app answers without an Accept header and what the router's
+        # dcgm-data-source parses (expfmt.NewTextParser: source/dcgm/datasource.go @ 7addc8ec)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))])
+        return [body]
+
+
 @dataclass
 class MetricsServer:
     server: WSGIServer
@@ -109,15 +145,18 @@ def serve(
     port: int = 0,
     timeout_s: float = 10.0,
     max_connections: int = 64,
+    version: Callable[[], object] | None = None,
 ) -> MetricsServer:
-    """Start serving /metrics (any path) on host:port; port 0 picks a free one (tests)."""
+    """Start serving /metrics (any path) on host:port; port 0 picks a free one (tests). With `version`, the
+    exposition is rendered once per value of version() (CachedExposition)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type(
         "ExporterServer",
         (_BoundedServer,),
         {"address_family": family, "timeout_s": timeout_s, "max_connections": max_connections},
     )
-    httpd: WSGIServer = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Handler)
+    app = make_wsgi_app(registry) if version is None else CachedExposition(registry, version)
+    httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=_Handler)
     thread = threading.Thread(target=httpd.serve_forever, name=f"exporter-{httpd.server_port}", daemon=True)
     thread.start()
     return MetricsServer(httpd, thread)

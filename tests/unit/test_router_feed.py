@@ -88,3 +88,17 @@ def test_a_gpu_that_cannot_be_read_keeps_the_last_value_served(tmp_path: Path) -
     fresh = generate_latest(epp_registry(wd.snapshot)).decode()
     assert {s.labels["pod"] for s in families(fresh)["DCGM_FI_DEV_GPU_UTIL"].samples} == {"busy", "idle"}
     assert extractor_gpu_utilization(fresh, "busy") == 0.0
+
+
+def test_the_feed_is_rendered_once_per_snapshot_not_per_scrape(tmp_path: Path) -> None:
+    from device_plugin.telemetry.serve import CachedExposition
+
+    _sim, wd, _ = make(tmp_path, scenario=IDLE)
+    wd.cycle()
+    app = CachedExposition(epp_registry(wd.snapshot), wd.snapshot)
+    first = app.body()
+    assert [app.body() for _ in range(50)] == [first] * 50 and app.renders == 1
+    assert first == generate_latest(epp_registry(wd.snapshot))
+    wd.cycle()  # a new snapshot: rendered again
+    app.body()
+    assert app.renders == 2
