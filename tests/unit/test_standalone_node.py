@@ -152,3 +152,25 @@ def test_settings_require_the_endpoints_file() -> None:
     with pytest.raises(ValueError, match="endpoints is required"):
         cfg.load([], {})
     assert cfg.load(["--endpoints", "/etc/vgpu/endpoints.yaml", "--host", "127.0.0.2"], {}).host == "127.0.0.2"
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "standalone"
+
+
+def test_shipped_examples_load() -> None:
+    from device_plugin.nvml.discovery import discover
+    from vgpu_cli.main import build_parser
+
+    nvml = FakeNvml.from_file(Path(__file__).resolve().parents[1] / "data" / "nvml" / "h100x8.yaml")
+    gpus, _ = discover(nvml, split_count=1, is_nvml_error=lambda e: isinstance(e, real.NVMLError))
+    eps = parse(yaml.safe_load((DEPLOY / "endpoints.example.yaml").read_text()), gpus)
+    assert [e.attribution for e in eps] == ["gpu", "cgroup", "cgroup", "pid"]
+    conf = cfg.SCHEMA.build(cfg.SCHEMA.from_yaml((DEPLOY / "standalone.example.yaml").read_text(), "example"))
+    assert conf.endpoints == "/etc/vgpu/endpoints.yaml" and conf.epp_port == 9402
+    assert cfg.problems(conf) == []
+    for unit, parser in (
+        ("vgpu-standalone-node.service", cfg.SCHEMA.parser()),
+        ("vgpu-discovery-merge.service", build_parser()),
+    ):
+        exec_start = next(line for line in (DEPLOY / unit).read_text().splitlines() if line.startswith("ExecStart="))
+        parser.parse_args(exec_start.split()[1:])  # every flag exists (argparse exits on an unknown one)
