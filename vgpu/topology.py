@@ -38,8 +38,13 @@ class Link(IntEnum):
 # node policy scores in [0, 1], so any NVLink set (>= 0.75 x 2) outscores every set without one (<= 0.25 x 2)
 # whatever the policy says, while one NUMA node over two is worth half the policy's range.
 LINK_SCORE = {Link.NVLINK: 1.0, Link.NVLINK_CROSS_NUMA: 0.75, Link.NUMA: 0.25, Link.NONE: 0.0}
-# Added to an NVLink set's LINK_SCORE, times the share of its domain's idle GPUs it takes (placement_score).
+# Added to an NVLink set's LINK_SCORE (placement_score): FIT_BONUS x the share of its NVLink domain it takes, so a
+# TP2 pod takes a bridged pair (2 of 2: the whole bonus) before 2 GPUs of an NVSwitch node (2 of 8) that a TP8
+# pod may need whole; IDLE_BONUS x its share of the domain's idle GPUs, a tie-break towards half-used domains.
+# In a cluster of one node kind both are nearly constant, so the node order stays the policy's and the role
+# terms' (vgpu pd-bench, all NVSwitch: the default's rows unchanged). Measured in docs/topology.md.
 FIT_BONUS = 0.5
+IDLE_BONUS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +156,9 @@ def choose(order: Sequence[str], count: int, topo: NodeTopology) -> tuple[list[i
 def placement_score(
     topo: NodeTopology, containers: Sequence[ContainerAssignment], idle: Callable[[], set[str]]
 ) -> float | None:
-    """Mean `LINK_SCORE` of the containers that hold more than one slice, plus `FIT_BONUS` x how snugly an NVLink
-    set fills the idle part of its NVLink domain; None when no container holds more than one slice (a single-GPU
-    pod scores no topology term, so its node order is the policy's alone). `idle`: the GPUs holding no slice yet,
-    asked for only when needed.
-
-    The fit part keeps large domains whole: a TP2 pod takes a bridged pair (2 of 2 idle: fit 1) before two GPUs
-    of an idle NVSwitch node (2 of 8: 0.25), which a TP8 pod may need next. Measured in docs/topology.md: without
-    it, TP2/TP4 pods spread over NVSwitch nodes and TP8 pods found none whole."""
+    """Mean over the containers that hold more than one slice of `LINK_SCORE` plus, for an NVLink set, the fit
+    bonuses; None when no container holds more than one slice (a single-GPU pod scores no topology term, so its
+    node order is the policy's alone). `idle`: the node's GPUs that hold no slice, asked for only when needed."""
     scores: list[float] = []
     idle_now: set[str] | None = None
     for c in containers:
@@ -171,6 +171,7 @@ def placement_score(
             if idle_now is None:
                 idle_now = idle()
             domain = max((cl for cl in topo.cliques if cl.issuperset(uuids)), key=len)
-            score += FIT_BONUS * len(uuids) / max(len(uuids), len(domain & idle_now))
+            k = len(uuids)
+            score += FIT_BONUS * k / len(domain) + IDLE_BONUS * k / max(k, len(domain & idle_now))
         scores.append(score)
     return sum(scores) / len(scores) if scores else None
