@@ -135,6 +135,7 @@ def create_app(
         verb_route("filter", schema.ExtenderArgs, service.filter),
         verb_route("prioritize", schema.ExtenderArgs, service.prioritize),
         verb_route("bind", schema.ExtenderBindingArgs, service.bind),
+        verb_route("preempt", schema.ExtenderPreemptionArgs, service.preempt),
         Route("/state", state_view if state else state_off),
     ]
     if probes:

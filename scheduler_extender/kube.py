@@ -233,6 +233,20 @@ def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
     return items
 
 
+def list_pdbs() -> list[dict[str, Any]]:
+    """Every PodDisruptionBudget (policy/v1), for the preempt verb; called only when kube-scheduler preempts."""
+    api = client.PolicyV1Api()
+    items: list[dict[str, Any]] = (
+        _raw(
+            api.list_pod_disruption_budget_for_all_namespaces(
+                _preload_content=False, _request_timeout=_timeout(_timeouts.list_s)
+            )
+        ).get("items")
+        or []
+    )
+    return items
+
+
 def mark_leader(api: client.CoreV1Api, *, namespace: str, name: str, leading: bool) -> None:
     """Set (or remove) `vgpu.io/extender-leader=true` on the extender's own pod: the Service selects it."""
     labels = {ann.EXTENDER_LEADER_LABEL: "true" if leading else None}

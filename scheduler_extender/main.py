@@ -109,7 +109,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
 
     from kubernetes import client, config
 
-    from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, nudge_pod
+    from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, list_pdbs, nudge_pod
     from scheduler_extender.leadership import start_leader_election
     from scheduler_extender.metrics import ExtenderMetrics
     from scheduler_extender.requeue import Requeuer
@@ -147,7 +147,9 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         interval_s=s.requeue_interval_seconds,
         metrics=metrics,
     )
-    service = ExtenderService(state, KubeBinder(api), options=options, lock=lock, metrics=metrics, requeuer=requeuer)
+    service = ExtenderService(
+        state, KubeBinder(api), options=options, lock=lock, metrics=metrics, requeuer=requeuer, list_pdbs=list_pdbs
+    )
     requeuer.start()
     election = start_leader_election(s, service, api) if s.leader_elect else None
     source = KubeSource(api, service, watch_timeout_s=s.watch_timeout_seconds)

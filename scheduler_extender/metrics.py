@@ -161,6 +161,12 @@ class ExtenderMetrics:
         self.bad_requests = Counter(
             "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry
         )
+        self.preemptions = Counter(
+            "vgpu_extender_preempt_calls_total",
+            "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works)",
+            ["outcome"],
+            registry=self.registry,
+        )
 
     def filter_failure(self, reason: str) -> None:
         self.failures.labels("filter", reason).inc()

@@ -23,6 +23,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.learning import Learning, seed_candidates
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
+from scheduler_extender.preempt import Books, given_victims, nominations_held, victims_result
 from scheduler_extender.recent import RecentPods
 from scheduler_extender.requeue import Requeuer
 from scheduler_extender.reservations import Reservations
@@ -31,6 +32,7 @@ from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
 from vgpu.pod import PodInfo, bound_node, is_finished, pod_info, pod_key, pod_uid
+from vgpu.priority import pod_priority
 from vgpu.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class ExtenderService:
         metrics: ExtenderMetrics | None = None,
         lock: threading.RLock | None = None,
         requeuer: Requeuer | None = None,
+        list_pdbs: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.state = state
         self.planner = Planner(state)
@@ -76,6 +79,9 @@ class ExtenderService:
         self.metrics = metrics or ExtenderMetrics(state)
         self.lock = lock or threading.RLock()
         self.requeuer = requeuer  # no requeuer (the file source): rejected pods are counted, never nudged
+        # PodDisruptionBudgets for the preempt verb (the kube source lists them; none: no pod is protected).
+        self.list_pdbs = list_pdbs
+        self.books = Books()  # priorities, ages, labels and nominations (scheduler_extender.preempt)
         self.pending = Pending(requeuer, on_count=self.metrics.pending.set)
         self.learning = Learning(self.planner, relearn_interval_s=options.relearn_interval_s, metrics=self.metrics)
         self.recent = RecentPods(self._parse, keep_bodies=options.pods_from_filter)
@@ -152,7 +158,7 @@ class ExtenderService:
                 # Names without an inventory fail here with one shared message, outside the planner's per-shape
                 # caches, so a flood of unknown names costs one set lookup each and is never remembered.
                 known = [n for n in names if n in self.state.nodes]
-                evaluation = self.planner.evaluate(info, known)
+                evaluation = self._evaluate_held(args.Pod, info, known)
                 if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation
                     unknown = dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY)
                     evaluation = dataclasses.replace(evaluation, failed={**evaluation.failed, **unknown})
@@ -171,6 +177,46 @@ class ExtenderService:
         if not evaluation.feasible:
             self.metrics.filter_failure("no-fit")
         return _filter_result(names, items, evaluation)
+
+    def _evaluate_held(self, pod: dict[str, Any], info: PodInfo, known: list[str]) -> Evaluation:
+        """The planner's evaluation, with nominated pods of at least this priority holding their nominated
+        nodes' slices (scheduler_extender.preempt); a copy then, as the stand-ins are gone after it."""
+        if not self.books.nominated:
+            return self.planner.evaluate(info, known)
+        prio = pod_priority(pod, info.request)
+        with nominations_held(self.state, self.planner, self.books, info, prio, self._parse) as held:
+            ev = self.planner.evaluate(info, known)
+            if not held:
+                return ev
+            return Evaluation(dict(ev.feasible), dict(ev.failed), dict(ev.unresolvable), dict(ev.scores))
+
+    def preempt(self, args: schema.ExtenderPreemptionArgs) -> dict[str, Any]:
+        """ExtenderPreemptionResult: per candidate node our cheapest victim set; nodes where none works are left
+        out (scheduler_extender.preempt)."""
+        given = given_victims(args.NodeNameToMetaVictims, args.NodeNameToVictims)
+        try:
+            info = self.recent.parse(args.Pod)
+        except (RequestError, UnknownPolicyError) as exc:
+            log.info("preempt: pod can never fit", extra={"error": str(exc)})
+            return {"NodeNameToMetaVictims": {}}
+        if info.request.is_empty:
+            return {
+                "NodeNameToMetaVictims": {
+                    n: {"Pods": [{"UID": u} for u in v[0]], "NumPDBViolations": v[1]} for n, v in given.items() if v[0]
+                }
+            }
+        pdbs: list[dict[str, Any]] = []
+        if self.list_pdbs is not None:
+            try:
+                pdbs = self.list_pdbs()  # apiserver I/O outside the lock
+            except Exception as exc:  # any failure: choose as if no budget protected a pod
+                log.warning("preempt: could not list PodDisruptionBudgets", extra={"error": str(exc)})
+        prio = pod_priority(args.Pod, info.request)
+        with self.lock:
+            self.reservations.release_stale(info)
+            result = victims_result(self.state, self.planner, self.books, info, prio, given, pdbs)
+        self.metrics.preemptions.labels("answered" if result else "no-node").inc()
+        return {"NodeNameToMetaVictims": result}
 
     def prioritize(self, args: schema.ExtenderArgs) -> list[dict[str, Any]]:
         names, _ = self._names(args, "prioritize")
@@ -212,6 +258,7 @@ class ExtenderService:
         with self.lock:
             held = key in self.state.assignments
             self.sync.pod_event(kind, pod)
+            self.books.pod_event(kind, pod)
             if kind == "DELETED" or is_finished(pod):
                 self.learning.forget(pod_uid(pod))
             if kind == "DELETED" or bound_node(pod):
@@ -235,6 +282,7 @@ class ExtenderService:
         with self.lock:
             held = set(self.state.assignments)
             self.sync.replace_pods(pods)
+            self.books.replace(pods)
             if not held <= self.state.assignments.keys():
                 self.pending.capacity_freed()
             if seed is not None:

@@ -149,6 +149,14 @@ class Planner:
             raise UnknownPolicyError(f"unknown GPU policy {gpu_name!r}; allowed: {', '.join(sorted(_GPU_RANKS))}")
         return node_policy, _GPU_RANKS[gpu_name]
 
+    def rank_on(self, node: NodeState, pod: PodInfo) -> GpuRank:
+        """The GPU order the pod's policy uses on this node, as an evaluation does (vgpu.preemption needs it)."""
+        policy, rank = self._resolve(pod)
+        node_rank = getattr(policy, "node_gpu_rank", None)
+        if node_rank is not None and rank == policy.gpu_rank:
+            return node_rank(node, pod)  # type: ignore[no-any-return]
+        return rank
+
     def evaluate_node(self, node_name: str, pod: PodInfo) -> NodeResult:
         """Uncached: the fresh-state decision used at bind time."""
         node_policy, rank = self._resolve(pod)

@@ -57,6 +57,7 @@ NEEDED: dict[str, list[Right]] = {
         Right("patch", "pods", TENANT_NS, "p"),  # assignment, bind-phase, bind-time, requeue
         Right("patch", "pods", NS, "vgpu-extender-x"),  # its own leader label
         Right("create", "pods/binding", TENANT_NS, "p"),
+        Right("list", "poddisruptionbudgets", group="policy"),  # the preempt verb spares protected pods
         Right("create", "leases", NS, group="coordination.k8s.io"),
         Right("get", "leases", NS, "vgpu-extender", "coordination.k8s.io"),
         Right("update", "leases", NS, "vgpu-extender", "coordination.k8s.io"),

@@ -137,7 +137,8 @@ def test_extender_rbac_allows_what_it_does(resource: str, verb: str) -> None:
 
 
 def test_extender_rbac_allows_nothing_more() -> None:
-    """Least privilege: scheduler_extender/kube.py records no events and reads no single node."""
+    """Least privilege: scheduler_extender/kube.py records no events and reads no single node; the preempt verb lists
+    PodDisruptionBudgets."""
     rules = _extender_docs()[("ClusterRole", "vgpu-extender")]["rules"]
     granted = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
     assert granted == {
@@ -148,6 +149,7 @@ def test_extender_rbac_allows_nothing_more() -> None:
         ("pods", "watch"),
         ("pods", "patch"),
         ("pods/binding", "create"),
+        ("poddisruptionbudgets", "list"),
     }
 
 

@@ -1,0 +1,207 @@
+"""The preempt verb, and the books it needs: every pod's priority, age and labels, and the nominated pods.
+
+kube-scheduler (Kubernetes v1.34) calls the verb from its DefaultPreemption PostFilter
+(pkg/scheduler/framework/preemption/preemption.go, Evaluator.callExtenders) after dry-running only its in-tree
+filters with lower-priority pods removed: the candidate nodes are those our /filter put in FailedNodes (not
+FailedAndUnresolvableNodes) *and* where the in-tree dry run needed at least one victim (a node it finds feasible
+with none is dropped before we see it; kubernetes/kubernetes pull request 135486 lifts that after v1.34). With
+nodeCacheCapable it sends NodeNameToMetaVictims (victim UIDs only; pkg/scheduler/extender.go, ProcessPreemption)
+and takes back ExtenderPreemptionResult.NodeNameToMetaVictims, whose UIDs it looks up among the pods on that node
+(k8s.io/kube-scheduler/extender/v1 types.go: MetaVictims{Pods []*MetaPod{UID}, NumPDBViolations}). A node
+answered with no victims is an error for a non-ignorable extender, so nodes where no set works are left out.
+
+Per node we replace kube-scheduler's GPU-holding victims by vgpu.preemption's cheapest set on our books (its
+in-tree choice counts `nvidia.com/gpu` replicas, not memory, SMs or which GPU) and keep its victims that hold no
+slice (they were chosen for CPU or memory). When our books say the pod fits already, its set stands as sent.
+
+After preemption kube-scheduler writes the preemptor's status.nominatedNodeName. `Books.nominated` holds those
+pods; /filter evaluates a pod with every nominated pod of at least its priority placed on its nominated node
+(as kube-scheduler's in-tree filters do), so a lower-priority pod cannot take the slices freed for the preemptor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu import annotations as ann
+from vgpu.disruption import protected
+from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.fit import NodePlacement, fit_node
+from vgpu.planner import Planner
+from vgpu.pod import PodInfo, bound_node, is_finished, pod_key
+from vgpu.preemption import VictimFacts, choose_victims
+from vgpu.priority import Priority, spec_priority
+from vgpu.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+_NOMINATED = "nominated:"  # state key prefix of a nominated pod's stand-in placement during one /filter
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    namespace: str
+    priority: Priority
+    created: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _created(meta: Mapping[str, Any]) -> float:
+    raw = meta.get("creationTimestamp")
+    if not isinstance(raw, str):
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
+    """Priority from spec.priority and the webhook's priority label (HAMi's nvidia.com/priority, 0 high)."""
+    meta = pod.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    hami_high = labels.get(ann.LABEL_PRIORITY) == "0"
+    return PodMeta(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or "default"),
+        priority=Priority(spec_priority(pod), hami_high),
+        created=_created(meta),
+        labels=labels,
+    )
+
+
+class Books:
+    """Kept from the pod watch under the service lock."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodMeta] = {}
+        self.nominated: dict[str, tuple[str, Mapping[str, Any]]] = {}  # key -> (node, pod object)
+
+    def pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        key = pod_key(pod)
+        if kind == "DELETED" or is_finished(pod):
+            self.pods.pop(key, None)
+            self.nominated.pop(key, None)
+            return
+        self.pods[key] = pod_meta(pod)
+        node = str((pod.get("status") or {}).get("nominatedNodeName") or "")
+        if node and not bound_node(pod):
+            self.nominated[key] = (node, pod)
+        else:
+            self.nominated.pop(key, None)
+
+    def replace(self, pods: list[dict[str, Any]]) -> None:
+        self.pods.clear()
+        self.nominated.clear()
+        for p in pods:
+            self.pod_event("ADDED", p)
+
+
+@contextlib.contextmanager
+def nominations_held(
+    state: ClusterState,
+    planner: Planner,
+    books: Books,
+    pod: PodInfo,
+    priority: Priority,
+    parse: Callable[[Mapping[str, Any]], PodInfo],
+) -> Iterator[int]:
+    """While open: each nominated pod (other than `pod`) of at least `priority` holds a stand-in placement on its
+    nominated node, where it fits. Yields how many were placed; they are released on exit."""
+    placed: list[str] = []
+    try:
+        for key, (node, obj) in sorted(books.nominated.items()):
+            meta = books.pods.get(key)
+            if key == pod.key or meta is None or meta.priority.value < priority.value or node not in state.nodes:
+                continue
+            if key in state.assignments:
+                continue
+            try:
+                info = parse(obj)
+                result = planner.evaluate_node(node, info)
+            except (RequestError, UnknownPolicyError):
+                continue
+            if result.placement is None:
+                continue
+            stand_in = _NOMINATED + key
+            state.apply(stand_in, result.placement.assignment(info))
+            placed.append(stand_in)
+        yield len(placed)
+    finally:
+        for stand_in in placed:
+            state.release(stand_in)
+
+
+def victims_result(
+    state: ClusterState,
+    planner: Planner,
+    books: Books,
+    pod: PodInfo,
+    priority: Priority,
+    given: Mapping[str, tuple[list[str], int]],
+    pdbs: Sequence[Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """NodeNameToMetaVictims for the nodes kube-scheduler offered (`given`: node -> (victim UIDs, PDB violations))."""
+    out: dict[str, dict[str, Any]] = {}
+    by_uid = {m.uid: k for k, m in books.pods.items() if m.uid}
+    for name, (uids, violations) in given.items():
+        node = state.nodes.get(name)
+        if node is None:
+            continue
+        keys = [k for k in node.pods if k in books.pods]
+        guarded = protected({k: (books.pods[k].namespace, books.pods[k].labels) for k in keys}, pdbs)
+        facts = {
+            k: VictimFacts(books.pods[k].priority, books.pods[k].created, k in guarded)
+            for k in keys
+            if books.pods[k].uid
+        }
+        rank = planner.rank_on(node, pod)
+        choice = choose_victims(node, pod, state.config, rank, facts, priority)
+        if choice is None:
+            if uids and isinstance(fit_node(node, pod, state.config, rank), NodePlacement):
+                out[name] = _meta(uids, violations)  # our books have room: its in-tree reasons stand
+            continue
+        # Its victims that hold no slice were chosen for CPU or memory: they stay.
+        keep = [u for u in uids if by_uid.get(u) not in node.pods]
+        chosen = [books.pods[k].uid for k in choice.victims]
+        out[name] = _meta(chosen + [u for u in keep if u not in chosen], choice.cost[0])
+        log.info(
+            "preemption victims",
+            extra={"pod": pod.key, "node": name, "victims": list(choice.victims), "kube_scheduler_chose": len(uids)},
+        )
+    return out
+
+
+def _meta(uids: list[str], violations: int) -> dict[str, Any]:
+    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
+
+
+def given_victims(
+    args_meta: Mapping[str, Any] | None, args_full: Mapping[str, Any] | None
+) -> dict[str, tuple[list[str], int]]:
+    """node -> (victim UIDs, NumPDBViolations) from either form of ExtenderPreemptionArgs (Go field names, matched
+    case-insensitively as Go's encoding/json does)."""
+    out: dict[str, tuple[list[str], int]] = {}
+    source = args_meta if args_meta is not None else (args_full or {})
+    for node, victims in source.items():
+        v = {str(k).lower(): val for k, val in (victims or {}).items()} if isinstance(victims, Mapping) else {}
+        pods = v.get("pods") or []
+        uids: list[str] = []
+        for p in pods:
+            if not isinstance(p, Mapping):
+                continue
+            if args_meta is not None:
+                uid = next((val for k, val in p.items() if str(k).lower() == "uid"), "")
+            else:
+                uid = (p.get("metadata") or {}).get("uid") or ""
+            if uid:
+                uids.append(str(uid))
+        n = v.get("numpdbviolations") or 0
+        out[str(node)] = (uids, n if isinstance(n, int) else 0)
+    return out

@@ -1,0 +1,141 @@
+"""The preempt verb over HTTP (scheduler_extender.preempt): kube-scheduler's wire form in, our victims out; and the
+nominated pod's slices held against lower-priority pods at /filter."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from scheduler_extender.app import create_app
+from scheduler_extender.service import ExtenderService
+from tests.unit.test_extender_service import FakeBinder
+from vgpu import annotations as ann
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.state import ClusterState
+
+MIB = 81920
+
+
+def _pod(
+    name: str, mib: int, prio: int, *, created: str = "2026-01-01T00:00:00Z", labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mib)}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "labels": labels or {},
+        },
+        "spec": {"priority": prio, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "status": {},
+    }
+
+
+def _held(pod: dict[str, Any], node: str, gpu: int, mib: int) -> dict[str, Any]:
+    """The pod as the watch shows it once bound with a slice of `gpu`."""
+    a = Assignment(node, (ContainerAssignment("c", (DeviceSlice(f"GPU-{node}-{gpu}", gpu, mib, 0),)),))
+    out = copy.deepcopy(pod)
+    out["metadata"]["annotations"] = {ann.POD_ASSIGNMENT: ann.encode_assignment(a), ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATED.value}
+    out["spec"]["nodeName"] = node
+    return out
+
+
+def _service(pdbs: list[dict[str, Any]] | None = None) -> tuple[ExtenderService, TestClient]:
+    state = ClusterState()
+    for n in ("a", "b"):
+        state.upsert_node(
+            NodeInventory(n, tuple(GpuDevice(f"GPU-{n}-{i}", i, "H100", MIB, split_count=4) for i in range(2)))
+        )
+    svc = ExtenderService(state, FakeBinder(), list_pdbs=lambda: pdbs or [])
+    return svc, TestClient(create_app(svc))
+
+
+def _fill(svc: ExtenderService) -> dict[str, dict[str, Any]]:
+    """Node a: GPU 0 holds b1 (50000, prio 1) and b2 (30000, prio 1, younger); GPU 1 holds b3 (70000, prio 5).
+    Node b: both GPUs hold a priority-2000 pod (not preemptible by 1000)."""
+    pods = {
+        "b1": _held(_pod("b1", 50000, 1, created="2026-01-01T00:00:00Z"), "a", 0, 50000),
+        "b2": _held(_pod("b2", 30000, 1, created="2026-01-02T00:00:00Z"), "a", 0, 30000),
+        "b3": _held(_pod("b3", 70000, 5), "a", 1, 70000),
+        "h0": _held(_pod("h0", 70000, 2000), "b", 0, 70000),
+        "h1": _held(_pod("h1", 70000, 2000), "b", 1, 70000),
+    }
+    svc.replace_pods(list(pods.values()))
+    return pods
+
+
+def _meta(*uids: str, pdb: int = 0) -> dict[str, Any]:
+    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+
+
+def test_preempt_answers_the_cheapest_set_per_node_and_drops_nodes_where_none_works() -> None:
+    svc, http = _service()
+    _fill(svc)
+    online = _pod("online", 40000, 1000)
+    # kube-scheduler's in-tree dry run counted replicas only: it offers one pod per node, not what frees memory.
+    body = {"Pod": online, "NodeNameToMetaVictims": {"a": _meta("uid-b3"), "b": _meta("uid-h0")}}
+    r = http.post("/preempt", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()["NodeNameToMetaVictims"]
+    # Node a: b2 (younger) would free only 31920 MiB of GPU 0; b1 (priority 1) frees 51920, cheaper than b3 (priority
+    # 5) on GPU 1. Node b: nothing of lower priority than 1000, so it is left out.
+    assert got == {"a": _meta("uid-b1")}
+    assert svc.metrics.preemptions.labels("answered")._value.get() == 1
+
+
+def test_a_pdb_that_allows_no_disruption_steers_the_choice() -> None:
+    pdb = {
+        "metadata": {"name": "keep-b1", "namespace": "ns"},
+        "spec": {"selector": {"matchLabels": {"app": "b1"}}},
+        "status": {"disruptionsAllowed": 0},
+    }
+    svc, http = _service([pdb])
+    pods = _fill(svc)
+    pods["b1"]["metadata"]["labels"] = {"app": "b1"}
+    svc.pod_event("MODIFIED", pods["b1"])
+    body = {"Pod": _pod("online", 40000, 1000), "NodeNameToMetaVictims": {"a": _meta("uid-b3")}}
+    got = http.post("/preempt", json=body).json()["NodeNameToMetaVictims"]
+    assert got == {"a": _meta("uid-b3")}  # b3 (priority 5) frees GPU 1; b1 is spared
+
+
+def test_the_full_pod_form_and_a_node_without_a_fitting_set() -> None:
+    svc, http = _service()
+    pods = _fill(svc)
+    huge = _pod("huge", MIB + 1, 1000)  # never fits any card: no node
+    body = {"Pod": huge, "NodeNameToVictims": {"a": {"Pods": [pods["b1"]], "NumPDBViolations": 0}}}
+    assert http.post("/preempt", json=body).json() == {"NodeNameToMetaVictims": {}}
+    body = {
+        "Pod": _pod("online", 40000, 1000),
+        "NodeNameToVictims": {"a": {"Pods": [pods["b3"]], "NumPDBViolations": 0}},
+    }
+    assert http.post("/preempt", json=body).json()["NodeNameToMetaVictims"] == {"a": _meta("uid-b1")}
+    # A low-priority preemptor may evict nothing of priority >= its own.
+    body = {"Pod": _pod("low", 40000, 1), "NodeNameToMetaVictims": {"a": _meta("uid-b1")}}
+    assert http.post("/preempt", json=body).json()["NodeNameToMetaVictims"] == {}
+
+
+def test_a_nominated_pod_keeps_the_freed_slice_from_a_lower_priority_pod() -> None:
+    svc, http = _service()
+    pods = _fill(svc)
+    svc.pod_event("DELETED", pods["b1"])  # the victim is gone: GPU 0 of node a has 51920 MiB free
+    online = _pod("online", 40000, 1000)
+    online["status"] = {"nominatedNodeName": "a"}
+    svc.pod_event("ADDED", online)
+    late = _pod("late-batch", 40000, 1)
+    r = http.post("/filter", json={"Pod": late, "NodeNames": ["a", "b"]}).json()
+    assert r["NodeNames"] == [] and "a" in r["FailedNodes"]
+    # The preemptor itself, and a pod of higher priority than it, still see the room.
+    for pod in (online, _pod("urgent", 40000, 5000)):
+        r = http.post("/filter", json={"Pod": pod, "NodeNames": ["a", "b"]}).json()
+        assert r["NodeNames"] == ["a"], r
+    # The stand-in is gone after each call: the state holds only real pods.
+    assert all(not k.startswith("nominated:") for k in svc.state.assignments)
+    bound = copy.deepcopy(online)
+    bound["spec"]["nodeName"] = "a"
+    svc.pod_event("MODIFIED", bound)
+    assert not svc.books.nominated
