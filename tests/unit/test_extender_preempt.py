@@ -40,7 +40,10 @@ def _held(pod: dict[str, Any], node: str, gpu: int, mib: int) -> dict[str, Any]:
     """The pod as the watch shows it once bound with a slice of `gpu`."""
     a = Assignment(node, (ContainerAssignment("c", (DeviceSlice(f"GPU-{node}-{gpu}", gpu, mib, 0),)),))
     out = copy.deepcopy(pod)
-    out["metadata"]["annotations"] = {ann.POD_ASSIGNMENT: ann.encode_assignment(a), ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATED.value}
+    out["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(a),
+        ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATED.value,
+    }
     out["spec"]["nodeName"] = node
     return out
 
