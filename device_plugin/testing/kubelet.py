@@ -35,10 +35,11 @@ class _Registration(pb_grpc.RegistrationServicer):
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
         if request.version != "v1beta1":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version}")
+        # Dial the plugin first: whoever waits for the registration then finds the new stub, not the closed one.
+        self.kubelet.connect(request)
         with self.kubelet.state.cond:
             self.kubelet.state.registrations.append(request)
             self.kubelet.state.cond.notify_all()
-        self.kubelet.connect(request)
         return pb.Empty()
 
 

@@ -15,6 +15,7 @@ HTTP/1.1 with keep-alive, one thread per client connection; watch responses are 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -25,7 +26,13 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+import yaml
+
+if TYPE_CHECKING:
+    from tests.e2e.controlplane import ControlPlane
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
 
@@ -198,3 +205,20 @@ class ChaosProxy:
             h.send_header("Retry-After", "1")
         h.end_headers()
         h.wfile.write(data)
+
+
+def behind_proxy(cp: ControlPlane, name: str, kubeconfig: Path) -> ChaosProxy:
+    """Start a proxy that forwards with the client certificate of `kubeconfig`, and point that kubeconfig at it
+    (only its server URL changes; the client then reaches the apiserver through the proxy alone)."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    user = doc["users"][0]["user"]
+    cert, key = cp.workdir / f"{name}-proxy-client.crt", cp.workdir / f"{name}-proxy-client.key"
+    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+    key.write_bytes(base64.b64decode(user["client-key-data"]))
+    key.chmod(0o600)
+    proxy = ChaosProxy(
+        cp.server, ca_file=cp.ca_file, client_cert=cert, client_key=key, serving=cp.issue_server_cert(f"{name}-proxy")
+    ).start()
+    doc["clusters"][0]["cluster"]["server"] = proxy.url
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    return proxy
