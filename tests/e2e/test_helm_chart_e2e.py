@@ -28,6 +28,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "webhook.validatingWebhook": False,
         "monitoring.grafanaDashboard.enabled": True,
     },
+    "device-plugin-mps-hami-core": {
+        "devicePlugin.config.mps": True,
+        "devicePlugin.config.mps_pipe_dir": "/run/nvidia-mps/pipe",
+        "devicePlugin.config.hami_core_library": "/usr/local/vgpu/libvgpu.so",
+    },
 }
 
 

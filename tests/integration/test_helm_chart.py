@@ -53,6 +53,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "extender.tls.certManager.issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
     },
     "extender-own-secrets": {"extender.tls.mode": "secret", "scheduler.extenderCAData": "Q0E="},
+    "device-plugin-mps-hami-core": {
+        "devicePlugin.config.mps": True,
+        "devicePlugin.config.mps_pipe_dir": "/run/nvidia-mps/pipe",
+        "devicePlugin.config.hami_core_library": "/usr/local/vgpu/libvgpu.so",
+        "devicePlugin.config.hami_core_dir": "/usr/local/vgpu/kube-vgpu",
+    },
 }
 # What the chart adds to the manifests by default: the extender's certificates (extender.tls.mode generate); the
 # manifests leave them to the admin (deploy/manifests/extender.yaml's header).
@@ -415,6 +421,35 @@ def test_rendered_configs_load_like_the_manifests(helm: str, tmp_path: Path) -> 
     assert loaded[0] == loaded[1]
 
 
+def test_mps_and_hami_core_options_mount_what_the_plugin_needs(helm: str, tmp_path: Path) -> None:
+    from device_plugin.config import load as load_plugin
+
+    ds = by_key(template(helm, VARIANTS["device-plugin-mps-hami-core"]))
+    pod = ds[("DaemonSet", "vgpu-device-plugin")]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    (c,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]["name"]] == {"path": "/var/run/vgpu/mps/shm", "type": "DirectoryOrCreate"}
+    assert volumes[mounts["/run/nvidia-mps/pipe"]["name"]]["path"] == "/run/nvidia-mps/pipe"
+    assert "/var/run/vgpu/mps/log" not in mounts  # under the vgpu-run mount already
+    lib = mounts["/usr/local/vgpu/libvgpu.so"]
+    assert lib["readOnly"] and volumes[lib["name"]] == {"path": "/usr/local/vgpu/libvgpu.so", "type": "File"}
+    assert volumes[mounts["/usr/local/vgpu/kube-vgpu"]["name"]]["path"] == "/usr/local/vgpu/kube-vgpu"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    path = tmp_path / "device-plugin.yaml"
+    path.write_text(ds[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"])
+    conf = load_plugin(["--config", str(path), "--node-name", "gpu-1"], {})
+    assert conf.mps and conf.mps_pipe_dir == "/run/nvidia-mps/pipe"
+    assert conf.env_settings().hami_core_preload_file == "/usr/local/vgpu/kube-vgpu/ld.so.preload"
+    plain = by_key(template(helm))[("DaemonSet", "vgpu-device-plugin")]["spec"]["template"]["spec"]
+    assert {v["name"] for v in plain["volumes"]} == {v["name"] for v in pod["volumes"]} - {
+        lib["name"],
+        mounts["/run/nvidia-mps/pipe"]["name"],
+        mounts["/usr/local/vgpu/kube-vgpu"]["name"],
+    }
+
+
 def test_scheduler_name_reaches_the_profile_the_lease_and_the_webhook(helm: str, tmp_path: Path) -> None:
     chart = by_key(template(helm, {"scheduler.name": "gpu-scheduler", "scheduler.extenderCAData": "Q0E="}))
     cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])
@@ -482,6 +517,8 @@ def test_config_changes_roll_the_pods(helm: str) -> None:
         ({"devicePlugin.config.grpc_workers": 1}, "at '/devicePlugin/config/grpc_workers': minimum: got 1, want 2"),
         ({"devicePlugin.config.http_timeout_s": 301}, "at '/devicePlugin/config/http_timeout_s': maximum"),
         ({"devicePlugin.config.grpc_max_message_bytes": 1024}, "at '/devicePlugin/config/grpc_max_message_bytes'"),
+        ({"devicePlugin.config.hami_core_library": "libvgpu.so"}, "at '/devicePlugin/config/hami_core_library'"),
+        ({"devicePlugin.config.mps_shm_dir": "/run/../etc"}, "at '/devicePlugin/config/mps_shm_dir'"),
         (
             {"extender.tls.mode": "job"},
             "at '/extender/tls/mode': value must be one of 'certManager', 'generate', 'secret'",

@@ -41,3 +41,21 @@ def test_rbac_allows_events_and_evictions() -> None:
     rules = _kind("ClusterRole")["rules"]
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
     assert {("events", "create"), ("pods/eviction", "create"), ("pods", "patch"), ("nodes", "patch")} <= granted
+
+
+def test_mps_needs_only_the_config_flag(tmp_path: Path) -> None:
+    """The daemon's folders are under the vgpu-run mount, its /dev/shm is the host's mps_shm_dir, and the toolkit
+    brings nvidia-cuda-mps-control with the compute capability: `mps: true` is the whole switch."""
+    spec = _kind("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: volumes.get(m["name"]) for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    cfg_file = tmp_path / "device-plugin.yaml"
+    cfg_file.write_text(_kind("ConfigMap")["data"]["device-plugin.yaml"].replace("mps: false", "mps: true"))
+    cfg = load(["--config", str(cfg_file), "--node-name", "gpu-1"], {})
+    assert cfg.mps and not cfg.hami_core_library
+    assert mounts["/dev/shm"] == cfg.mps_shm_dir
+    for d in (cfg.mps_pipe_dir, cfg.mps_log_dir, cfg.env_settings().hami_core_preload_file):
+        assert d.startswith("/var/run/vgpu/") and mounts["/var/run/vgpu"] == "/var/run/vgpu"
