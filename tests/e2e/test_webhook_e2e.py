@@ -128,6 +128,31 @@ def test_pods_come_back_mutated(webhook: dict[str, Any], file: str, role: str, s
     assert stored.spec.scheduler_name == "vgpu-scheduler"
 
 
+def test_model_servers_stored_with_their_memory_flag(webhook: dict[str, Any], control_plane: ControlPlane) -> None:
+    """The apiserver applies the webhook's args patches: an entry appended to a command-only SGLang pod, a shell
+    line rewritten in place for vLLM (one H100 size in this cluster: exact fractions, docs/model-servers.md); a
+    user's own fraction is kept and kubectl prints why it does not fit."""
+    core = webhook["core"]
+    sglang = core.create_namespaced_pod(webhook["ns"], _pod("sglang-prefill.yaml"))
+    # 60 % of 81559 MiB = 48935, less SGLang's reserve for chunked prefill 8192, tp 2 (14080): / 81559.
+    assert sglang.spec.containers[0].args == ["--mem-fraction-static=0.4273"]
+    assert sglang.spec.containers[0].command == _pod("sglang-prefill.yaml")["spec"]["containers"][0]["command"]
+    vllm = core.create_namespaced_pod(webhook["ns"], _pod("vllm-decode-kv-consumer.yaml"))
+    (line,) = vllm.spec.containers[0].args
+    # (30000 - 1500 margin) / 81559
+    assert line.startswith("vllm serve --gpu-memory-utilization=0.3494 Qwen/Qwen2.5-7B-Instruct --port 8100")
+    stored = core.read_namespaced_pod(vllm.metadata.name, webhook["ns"])
+    assert stored.spec.containers[0].args == [line]
+    own = _pod("vllm-user-fraction.yaml")
+    result = control_plane.kubectl("create", "-n", webhook["ns"], "-f", "-", input=yaml.safe_dump(own))
+    assert (
+        "Warning: container 'vllm': --gpu-memory-utilization=0.9 (kept as set) lets the server take 73404 MiB of a "
+        "81559 MiB card, more than its 20000 MiB slice; at most 0.2326 keeps it inside" in result.stderr
+    ), result.stderr
+    kept = core.read_namespaced_pod("vllm-own-fraction", webhook["ns"])
+    assert kept.spec.containers[0].args == own["spec"]["containers"][0]["args"]
+
+
 def test_generate_name_pod_gets_default_count(webhook: dict[str, Any]) -> None:
     core = webhook["core"]
     created = core.create_namespaced_pod(webhook["ns"], _pod("generate-name.yaml"))
