@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +53,22 @@ def test_rendered_chart_passes_server_side_dry_run(control_plane: ControlPlane, 
     assert lines and all("(server dry run)" in line for line in lines), proc.stdout
     assert len(lines) == len([d for d in yaml.safe_load_all(text) if d])  # every object went through
     assert any(line.startswith("mutatingwebhookconfiguration.") for line in lines)
+
+
+@pytest.mark.parametrize("options", ["as shipped", "mps and hami-core on"])
+def test_device_plugin_manifest_passes_server_side_dry_run(control_plane: ControlPlane, options: str) -> None:
+    """deploy/device-plugin/daemonset.yaml as shipped, and with MPS on and its commented HAMi-core mount lines
+    enabled as the header says: the apiserver accepts every object (strict field validation)."""
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "device-plugin" / "daemonset.yaml").read_text()
+    if options != "as shipped":
+        text = text.replace("    mps: false", "    mps: true")
+        text = text.replace('hami_core_library: ""', "hami_core_library: /usr/local/vgpu/libvgpu.so")
+        text = text.replace("# - {name: hami-core", "- {name: hami-core")
+        assert text.count("- {name: hami-core") == 2
+    proc = control_plane.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=text, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 5 and all("(server dry run)" in line for line in lines), proc.stdout
 
 
 def test_helm_install_dry_run_prints_how_to_use_the_scheduler(control_plane: ControlPlane, helm: str) -> None:
