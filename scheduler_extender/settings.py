@@ -77,6 +77,18 @@ class ExtenderSettings(BaseModel):
     priority_mapping: Literal["rank", "minmax"] = Field(
         default="rank", description="how fine scores become kube-scheduler's 0..10 (docs/extender.md)"
     )
+    topology: bool = Field(
+        default=True,
+        description="a multi-GPU container gets GPUs that are NVLink peers, else on one NUMA node, before the "
+        "policy's order; false = the policy's order alone (docs/topology.md)",
+    )
+    topology_weight: float = Field(
+        default=2.0,
+        ge=0,
+        le=100,
+        description="node score per unit of how well the GPU set a node gives a multi-GPU pod is connected; at 2 any "
+        "node with an NVLink set outscores every node without one (docs/topology.md)",
+    )
     bind_grace_seconds: float = Field(
         default=30.0, gt=0, description="how long an assignment without a Binding keeps its slices reserved"
     )

@@ -91,6 +91,8 @@ def test_every_placement_setting_reaches_the_planner() -> None:
         "gpu_policy",
         "narrow_filter",
         "priority_mapping",
+        "topology",
+        "topology_weight",
     }
     s = load(
         flags={"priority_mapping": "minmax", "gpu_policy": "spread", "narrow_filter": True}, env={}, config_file=None
@@ -284,6 +286,8 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         (True, True),
     ),
     "priority_mapping": ("minmax", FILE, lambda r: r.build()[0].planner.config.priority_mapping, "minmax"),
+    "topology": ("false", FILE, lambda r: r.build()[0].planner.config.topology, False),
+    "topology_weight": ("0.5", FILE, lambda r: r.build()[0].planner.config.topology_weight, 0.5),
     "bind_grace_seconds": ("12.5", FILE, lambda r: r.build()[0].options.bind_grace_s, 12.5),
     "bind_timeout_seconds": ("9", FILE, lambda r: r.build()[0]._bind.timeout_s, 9.0),
     "relearn_interval_seconds": ("7", FILE, lambda r: r.build()[0].options.relearn_interval_s, 7.0),
@@ -406,3 +410,11 @@ def test_every_setting_reaches_its_user(
         for stop in rig.stops:
             stop()
     assert seen == (fill(expected) if isinstance(expected, str) else expected)
+
+
+def test_topology_settings_reach_the_planner_and_are_bounded() -> None:
+    p = load(flags={"topology": False, "topology_weight": 0.5}, env={}, config_file=None).placement()
+    assert (p.topology, p.topology_weight) == (False, 0.5)
+    assert load(flags={}, env={}, config_file=None).placement().topology_weight == 2.0
+    with pytest.raises(SettingsError, match="topology_weight"):
+        load(flags={"topology_weight": -1}, env={}, config_file=None)
