@@ -13,6 +13,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from device_plugin import config as cfg
+from device_plugin import hami_core
 from device_plugin.app import Plugin
 from device_plugin.kube import KubePodSource
 from device_plugin.nvml import real
@@ -78,6 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = _missing_prerequisite(conf)
     if missing is not None:
         print(missing, file=sys.stderr)
+        return 2
+    try:  # before anything serves: an Allocate would mount a preload file that is not there
+        hami_core.install(conf.env_settings())
+    except OSError as exc:
+        print(
+            f"{PROG}: cannot write HAMi-core's ld.so.preload under hami_core_dir {conf.hami_core_dir}: {exc}; "
+            "pass a writable host folder with --hami-core-dir (env VGPU_DP_HAMI_CORE_DIR)",
+            file=sys.stderr,
+        )
         return 2
     try:
         api = _api(conf.kubeconfig)

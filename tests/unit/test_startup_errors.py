@@ -94,6 +94,15 @@ def test_device_plugin_with_missing_hami_core_library(kube_free: Path) -> None:
     assert_clear(proc, f"HAMi-core library {lib} does not exist", "--hami-core-library", "VGPU_DP_HAMI_CORE_LIBRARY")
 
 
+def test_device_plugin_with_an_unwritable_hami_core_dir(kube_free: Path) -> None:
+    (kube_free / "libvgpu.so").write_bytes(b"")
+    (kube_free / "file").write_text("")
+    bad = str(kube_free / "file" / "hami")  # under a regular file: cannot be created
+    args = ["--hami-core-library", str(kube_free / "libvgpu.so"), "--hami-core-dir", bad]
+    proc = run("vgpu-device-plugin", "--node-name", "n1", "--plugin-dir", str(kube_free), *args, home=kube_free)
+    assert_clear(proc, f"cannot write HAMi-core's ld.so.preload under hami_core_dir {bad}", "--hami-core-dir")
+
+
 def test_extender_without_apiserver(kube_free: Path) -> None:
     proc = run("vgpu-extender", *extender_auth_args(kube_free), home=kube_free)
     assert_clear(proc, "no Kubernetes API", "--kubeconfig", "VGPU_EXTENDER_KUBECONFIG", "--source file")
