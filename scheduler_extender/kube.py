@@ -149,6 +149,7 @@ class KubeBinder:
         self.api = api
         self.clock = clock
         self._versions: dict[str, str] = {}
+        self._written: dict[str, str] = {}  # the assignment annotation each bind in flight wrote
         self._lock = threading.Lock()
 
     def _remember(self, namespace: str, name: str, version: str) -> None:
@@ -171,13 +172,18 @@ class KubeBinder:
         return pod
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+        encoded = ann.encode_assignment(assignment)
+        with self._lock:
+            if len(self._written) >= self.MAX_VERSIONS:
+                del self._written[next(iter(self._written))]
+            self._written[f"{namespace}/{name}"] = encoded
         version = patch_pod_annotations(
             self.api,
             namespace=namespace,
             name=name,
             uid=uid,
             annotations={
-                ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
+                ann.POD_ASSIGNMENT: encoded,
                 ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
                 ann.POD_BIND_TIME: f"{self.clock():.3f}",
             },
@@ -186,15 +192,33 @@ class KubeBinder:
         self._remember(namespace, name, version)
 
     def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        create_binding(
-            self.api,
-            namespace=namespace,
-            name=name,
-            uid=uid,
-            node=node,
-            resource_version=self._version_of(namespace, name),
-        )
+        """POST the Binding on the version our assignment PATCH left. On 409, once: kube-scheduler itself writes the
+        pending pod's status in between (status.nominatedNodeName after a preemption, the PodScheduled condition of
+        an earlier attempt), so read the pod and bind on its new version only while it is still exactly as this
+        bind left it: same UID, unbound, our assignment in phase allocating."""
+        written = self._version_of(namespace, name)
+        try:
+            create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=written)
+        except ApiException as exc:
+            if exc.status != 409 or not written:
+                raise
+            pod = get_pod(self.api, namespace=namespace, name=name)
+            if pod is None or not self._still_ours(pod, uid, namespace, name):
+                raise
+            create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=_version(pod))
+        finally:
+            self._written.pop(f"{namespace}/{name}", None)
         self._version_of(namespace, name, forget=True)
+
+    def _still_ours(self, pod: dict[str, Any], uid: str, namespace: str, name: str) -> bool:
+        meta = pod.get("metadata") or {}
+        held = meta.get("annotations") or {}
+        return (
+            (not uid or meta.get("uid") == uid)
+            and not (pod.get("spec") or {}).get("nodeName")
+            and held.get(ann.POD_BIND_PHASE) == ann.BindPhase.ALLOCATING.value
+            and held.get(ann.POD_ASSIGNMENT) == self._written.get(f"{namespace}/{name}")
+        )
 
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
         """Remove the assignment (phase failed) if the pod is as this binder left it. On 409 (the assignment

@@ -4,11 +4,18 @@ nominated pod's slices held against lower-priority pods at /filter."""
 from __future__ import annotations
 
 import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
 from starlette.testclient import TestClient
 
 from scheduler_extender.app import create_app
+from scheduler_extender.kube import KubeBinder
 from scheduler_extender.service import ExtenderService
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
@@ -142,3 +149,63 @@ def test_a_nominated_pod_keeps_the_freed_slice_from_a_lower_priority_pod() -> No
     bound["spec"]["nodeName"] = "a"
     svc.pod_event("MODIFIED", bound)
     assert not svc.books.nominated
+
+
+class _StatusRace(BaseHTTPRequestHandler):
+    """A pod whose status kube-scheduler rewrites between our assignment PATCH (-> version 8) and our Binding: the
+    first Binding gets 409; GET then shows version 9 with `held` as its annotations."""
+
+    held: dict[str, str] = {}
+    bindings: list[str] = []
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        meta = {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "9", "annotations": self.held}
+        self._send(200, {"metadata": meta, "spec": {}, "status": {"nominatedNodeName": "a"}})
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).held = {**type(self).held, **body["metadata"]["annotations"]}
+        self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        version = body["metadata"]["resourceVersion"]
+        self.bindings.append(version)
+        if version != "9":
+            self._send(409, {"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409})
+            return
+        self._send(201, {"kind": "Status", "status": "Success"})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_binding_refused_by_a_status_write_in_between_is_retried_only_on_our_own_assignment(changed: bool) -> None:
+    handler = type("Handler", (_StatusRace,), {"held": {}, "bindings": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conf = kclient.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+        binder = KubeBinder(kclient.CoreV1Api(kclient.ApiClient(conf)))
+        binder.get_pod(namespace="ns", name="p")
+        mine = Assignment("a", (ContainerAssignment("c", (DeviceSlice("GPU-a-0", 0, 1000, 0),)),))
+        binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=mine)
+        if changed:  # someone else's assignment now: never bind over it
+            handler.held = {**handler.held, ann.POD_ASSIGNMENT: "{}"}
+            with pytest.raises(ApiException):
+                binder.bind(namespace="ns", name="p", uid="u1", node="a")
+            assert handler.bindings == ["8"]
+        else:
+            binder.bind(namespace="ns", name="p", uid="u1", node="a")
+            assert handler.bindings == ["8", "9"]
+    finally:
+        server.shutdown()
