@@ -395,6 +395,24 @@ def test_forged_node_inventory_is_denied_even_to_cluster_admins(cluster: Cluster
     )
 
 
+def test_only_an_admin_cordons_a_gpu(cluster: Cluster) -> None:
+    """vgpu.io/cordoned-gpus is the admin's: not the tenant's (RBAC), not the extender's (RBAC), not the device
+    plugin's (the policy: its node updates touch only the inventory keys); the admin's patch goes through."""
+    c = cluster
+    cordon = {"metadata": {"annotations": {ann.NODE_CORDONED_GPUS: f"GPU-{c.node_a}-0"}}}
+    msg = _denied(lambda: c.tenant.patch_node(c.node_a, cordon))
+    assert f'User "{c.tenant_user}" cannot patch resource "nodes"' in msg
+    msg = _denied(lambda: c.extender.patch_node(c.node_a, cordon))
+    assert f'User "{EXTENDER}" cannot patch resource "nodes"' in msg
+    msg = _denied(lambda: c.plugin_a.patch_node(c.node_a, cordon))
+    assert f"{PLUGIN} may only change the vgpu.io/node-inventory annotations of its own node [{c.node_a}]" in msg
+    assert "[vgpu.io/cordoned-gpus]" in msg
+    c.admin.patch_node(c.node_a, cordon)
+    assert c.admin.read_node(c.node_a).metadata.annotations[ann.NODE_CORDONED_GPUS] == f"GPU-{c.node_a}-0"
+    c.admin.patch_node(c.node_a, {"metadata": {"annotations": {ann.NODE_CORDONED_GPUS: None}}})
+    assert ann.NODE_CORDONED_GPUS not in (c.admin.read_node(c.node_a).metadata.annotations or {})
+
+
 # ---- the owners: the same writes succeed, and nothing beyond them
 
 

@@ -203,6 +203,26 @@ def test_warnings_reach_kubectl(webhook: dict[str, Any], control_plane: ControlP
     assert "Warning: container 'cuda-vectoradd': no nvidia.com/gpumem" in result.stderr, result.stderr
 
 
+def test_hami_annotations_reach_kubectl_as_warnings_and_bad_ones_are_denied(
+    webhook: dict[str, Any], control_plane: ControlPlane
+) -> None:
+    """A HAMi pod giving kube-vgpu's key too: admitted, kubectl prints which key won; a value HAMi does not define is
+    denied naming the annotation (docs/migrating-from-hami.md)."""
+    pod = _pod("plain-gpu.yaml")
+    pod["metadata"]["name"] = "hami-both"
+    pod["metadata"]["annotations"] = {"vgpu.io/gpu-policy": "binpack", "hami.io/gpu-scheduler-policy": "spread"}
+    result = control_plane.kubectl("create", "-n", webhook["ns"], "-f", "-", input=yaml.safe_dump(pod))
+    assert (
+        "Warning: hami.io/gpu-scheduler-policy is ignored: vgpu.io/gpu-policy is set and kube-vgpu's own key wins"
+        in result.stderr
+    ), result.stderr
+    pod["metadata"]["name"] = "hami-bad"
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": "GPU 0"}
+    result = control_plane.kubectl("create", "-n", webhook["ns"], "-f", "-", input=yaml.safe_dump(pod), check=False)
+    assert result.returncode != 0
+    assert "annotation nvidia.com/use-gpuuuid='GPU 0' is invalid; allowed: comma-separated GPU UUIDs" in result.stderr
+
+
 def test_opt_outs_and_non_gpu_pods_never_reach_the_webhook(webhook: dict[str, Any]) -> None:
     core, registry = webhook["core"], webhook["registry"]
     before = _reviews(registry)
