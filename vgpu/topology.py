@@ -54,6 +54,7 @@ class NodeTopology:
     cliques: tuple[frozenset[str], ...]
     numa: dict[str, int | None]
     peers: dict[str, frozenset[str]]
+    member: dict[str, tuple[int, ...]]  # the positions in `cliques` of the domains each GPU belongs to, ascending
     # No links and no NUMA distinction: every GPU set is as connected as any other.
     flat: bool
 
@@ -89,7 +90,17 @@ def node_topology(gpus: Sequence[GpuDevice]) -> NodeTopology:
     cliques.sort(key=lambda c: (-len(c), min(order[u] for u in c)))
     numa = {g.uuid: g.numa for g in gpus}
     flat = not cliques and len(set(numa.values())) <= 1
-    return NodeTopology(cliques=tuple(cliques), numa=numa, peers=peers, flat=flat)
+    member: dict[str, list[int]] = {}
+    for d, clique in enumerate(cliques):
+        for u in clique:
+            member.setdefault(u, []).append(d)
+    return NodeTopology(
+        cliques=tuple(cliques),
+        numa=numa,
+        peers=peers,
+        member={u: tuple(ds) for u, ds in member.items()},
+        flat=flat,
+    )
 
 
 def _maximal_cliques(peers: dict[str, frozenset[str]]) -> list[frozenset[str]]:
@@ -118,38 +129,41 @@ def choose(order: Sequence[str], count: int, topo: NodeTopology) -> tuple[list[i
     """Positions in `order` (candidate GPUs, the policy's preference first) of the `count` GPUs to take.
 
     The best-connected tier (`Link`) that has `count` candidates wins; inside it, the lexicographically first
-    set of positions. Only a few sets need looking at: any set of a tier lies inside one group (a maximal
-    NVLink clique, its part on one NUMA node, one NUMA node, or the whole node), and that group's first
-    `count` candidates are at least as early and at least as well connected. So each group's first `count`
-    is a candidate and no subsets are enumerated (an 8-GPU NVSwitch node: four sets, not 70 for TP4).
+    set of positions. Only a few sets need looking at: any set of a tier lies inside one group (a domain's part
+    on one NUMA node, a domain, one NUMA node, the whole node), and that group's first `count` candidates are at
+    least as early and at least as well connected. So one pass collects each group's first `count` and each is
+    labelled with its group's tier; a set better connected than its label is dominated by the set of a better
+    group, so the minimum's label is its tier. No subsets are enumerated, no pair is tested.
     """
     if count <= 1 or topo.flat:
         return list(range(min(count, len(order)))), Link.NVLINK if count <= 1 else topo.link(order[:count])
-    groups: list[list[int]] = [list(range(len(order)))]
     by_numa: dict[int | None, list[int]] = {}
+    by_domain: dict[int, list[int]] = {}
+    by_part: dict[tuple[int, int | None], list[int]] = {}
+    numa, member = topo.numa, topo.member
     for i, u in enumerate(order):
-        by_numa.setdefault(topo.numa.get(u), []).append(i)
-    groups += by_numa.values()
-    for clique in topo.cliques:
-        if len(clique) < count:
-            break  # largest first
-        inside = [i for i, u in enumerate(order) if u in clique]
-        groups.append(inside)
-        if len(by_numa) > 1:
-            split: dict[int | None, list[int]] = {}
-            for i in inside:
-                split.setdefault(topo.numa.get(order[i]), []).append(i)
-            groups += split.values()
-    best: tuple[Link, list[int]] | None = None
-    for group in groups:
+        n = numa.get(u)
+        group = by_numa.setdefault(n, [])
         if len(group) < count:
-            continue
-        pos = group[:count]
-        cand = (topo.link([order[i] for i in pos]), pos)
-        if best is None or cand < best:
-            best = cand
-    if best is None:
-        raise ValueError(f"{count} GPUs asked of {len(order)} candidates")
+            group.append(i)
+        for d in member.get(u, ()):
+            if len(topo.cliques[d]) < count:
+                break  # domains are listed largest first
+            group = by_domain.setdefault(d, [])
+            if len(group) < count:
+                group.append(i)
+            group = by_part.setdefault((d, n), [])
+            if len(group) < count:
+                group.append(i)
+    best = (Link.NONE, list(range(count)))  # the whole node
+    for link, groups in (
+        (Link.NVLINK, by_part.values()),
+        (Link.NVLINK_CROSS_NUMA, by_domain.values()),
+        (Link.NUMA, by_numa.values()),
+    ):
+        for pos in groups:
+            if len(pos) == count and (link, pos) < best:
+                best = (link, pos)
     return best[1], best[0]
 
 
