@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import make_info
 from vgpu import annotations as ann
@@ -176,3 +178,62 @@ def test_hami_keys_kube_vgpu_does_not_honour_are_named_in_a_note() -> None:
     sel = hami.select({"nvidia.com/vgpu-mode": "mig", "nvidia.com/numa-bind": "true"})
     assert sel.gpu_filter is None and sel.overrides == ann.PodOverrides()
     assert [n.split(" is not honoured")[0] for n in sel.notes] == ["nvidia.com/vgpu-mode", "nvidia.com/numa-bind"]
+
+
+# ---- property: the filter agrees with HAMi's rules as its source states them, wherever the inputs mean the same
+
+
+def _hami_allows(annotations: dict[str, str], model: str, uuid: str) -> bool:
+    """HAMi's checkGPUtype and CheckUUID (pkg/device/nvidia/device.go) restated: type entries are upper-cased
+    substrings of the upper-cased "NVIDIA-" + model; use-gpuuuid, when present, decides alone."""
+    kind = f"NVIDIA-{model}".upper()
+    if hami.USE_GPU_TYPE in annotations and not any(
+        t.upper() in kind for t in annotations[hami.USE_GPU_TYPE].split(",")
+    ):
+        return False
+    if hami.NOUSE_GPU_TYPE in annotations and any(
+        t.upper() in kind for t in annotations[hami.NOUSE_GPU_TYPE].split(",")
+    ):
+        return False
+    if hami.USE_GPU_UUID in annotations:
+        return uuid in annotations[hami.USE_GPU_UUID].split(",")
+    if hami.NOUSE_GPU_UUID in annotations:
+        return uuid not in annotations[hami.NOUSE_GPU_UUID].split(",")
+    return True
+
+
+_WORDS = st.sampled_from(["a100", "A100", "H100", "h100 80gb", "L4", "NVIDIA", "NVIDIA-NVIDIA", "SXM4", "80GB", "V100"])
+_MODELS = st.sampled_from([A100, H100, L4, "Tesla V100-PCIE-32GB", "NVIDIA A100 80GB PCIe"])
+_UUIDS = st.sampled_from([U0, U1, U2, U3])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    model=_MODELS,
+    uuid=_UUIDS,
+    use_types=st.none() | st.lists(_WORDS, min_size=1, max_size=3),
+    nouse_types=st.none() | st.lists(_WORDS, min_size=1, max_size=3),
+    use_uuids=st.none() | st.lists(_UUIDS, min_size=1, max_size=3),
+    nouse_uuids=st.none() | st.lists(_UUIDS, min_size=1, max_size=3),
+)
+def test_the_filter_agrees_with_hamis_rules(
+    model: str,
+    uuid: str,
+    use_types: list[str] | None,
+    nouse_types: list[str] | None,
+    use_uuids: list[str] | None,
+    nouse_uuids: list[str] | None,
+) -> None:
+    annotations = {
+        key: ",".join(values)
+        for key, values in (
+            (hami.USE_GPU_TYPE, use_types),
+            (hami.NOUSE_GPU_TYPE, nouse_types),
+            (hami.USE_GPU_UUID, use_uuids),
+            (hami.NOUSE_GPU_UUID, nouse_uuids),
+        )
+        if values is not None
+    }
+    gpu_filter = hami.select(annotations).gpu_filter
+    ours = gpu_filter is None or gpu_filter.blocker(GpuDevice(uuid, 0, model, 81920)) is None
+    assert ours == _hami_allows(annotations, model, uuid), annotations
