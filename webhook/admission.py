@@ -113,7 +113,7 @@ def decide(
         return deny(str(exc))
     warnings: list[str] = list(selection.notes)  # HAMi keys not used as written, and why
     if summary is not None and summary.nodes:
-        error = check_capacity(pod_request, summary, settings.names, overrides.gpu_models)
+        error = check_capacity(pod_request, summary, settings.names, overrides.gpu_models, require_nvlink=nvlink)
         if error is not None:
             return deny(str(error))
     elif inventory_expected and mutating:

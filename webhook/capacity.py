@@ -16,19 +16,24 @@ from vgpu.config import ResourceNames
 from vgpu.devices import GpuDevice
 from vgpu.errors import RequestError
 from vgpu.requests import PodRequest
+from vgpu.topology import node_topology
 
 ANY_MODEL = "*"
 
 
 @dataclass(frozen=True, slots=True)
 class NodeShape:
-    """One node's GPUs as (model, memory MiB), largest first; nodes with equal shapes collapse."""
+    """One node's GPUs as (model, memory MiB), largest first, and the most of them that are all NVLink peers
+    (None: not known); nodes with equal shapes collapse."""
 
     gpus: tuple[tuple[str, int], ...]
+    nvlink: int | None = None
 
     @classmethod
     def of(cls, gpus: Iterable[GpuDevice]) -> NodeShape:
-        return cls(tuple(sorted(((g.model, g.memory_mib) for g in gpus), key=lambda t: (-t[1], t[0]))))
+        devices = tuple(gpus)
+        linked = max((len(c) for c in node_topology(devices).cliques), default=1)
+        return cls(tuple(sorted(((g.model, g.memory_mib) for g in devices), key=lambda t: (-t[1], t[0]))), linked)
 
     def memories(self, models: frozenset[str] | None) -> list[int]:
         return [mem for model, mem in self.gpus if models is None or model in models or model == ANY_MODEL]
@@ -61,8 +66,12 @@ def check_capacity(
     summary: InventorySummary,
     names: ResourceNames = ResourceNames(),
     gpu_models: frozenset[str] | None = None,
+    *,
+    require_nvlink: bool = False,
 ) -> RequestError | None:
-    """The first container that no node of the cluster could ever hold, as a RequestError."""
+    """The first container that no node of the cluster could ever hold, as a RequestError. With `require_nvlink`
+    (vgpu.io/require-nvlink), a multi-GPU container also needs a node with that many NVLink peers, where every
+    node's links are known (a static summary knows none)."""
     where = f" of model {', '.join(sorted(gpu_models))}" if gpu_models else ""
     shapes = [m for node in summary.nodes if (m := node.memories(gpu_models))]
     for c in request.containers:
@@ -82,6 +91,16 @@ def check_capacity(
                 value=c.count,
                 allowed=f"1..{most} (the most GPUs{where} on any node)",
             )
+        linked = [node.nvlink for node in summary.nodes]
+        if require_nvlink and c.count > 1 and None not in linked:
+            peers = max(n for n in linked if n is not None)
+            if c.count > peers:
+                return RequestError(
+                    container=c.container,
+                    resource=f"{names.count} with annotation {ann.POD_REQUIRE_NVLINK}",
+                    value=c.count,
+                    allowed=f"1..{peers} (the most GPUs of any node that are all NVLink peers)",
+                )
         if c.memory_mib is None:
             continue
         largest = max(max(m) for m in shapes)

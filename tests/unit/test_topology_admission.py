@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from vgpu.devices import GpuDevice
 from webhook.admission import Settings, decide
+from webhook.capacity import InventorySummary
 from webhook.review import AdmissionRequest, AdmissionReview
 from webhook.testing import make_review
 
@@ -41,3 +43,29 @@ def test_requiring_nvlink_of_a_single_gpu_pod_is_warned() -> None:
     assert (
         "vgpu.io/require-nvlink: no container asks for more than one vGPU, so it has nothing to connect" in out.warnings
     )
+
+
+def _gpus(n: int, linked: str) -> list[GpuDevice]:
+    uuids = [f"g{i}" for i in range(n)]
+    peers = {
+        "all": lambda i: tuple(u for u in uuids if u != uuids[i]),
+        "pairs": lambda i: (uuids[i ^ 1],),
+        "none": lambda i: (),
+    }[linked]
+    return [GpuDevice(uuid=uuids[i], index=i, model="H100", memory_mib=81920, nvlink_peers=peers(i)) for i in range(n)]
+
+
+def test_a_cluster_without_enough_nvlink_peers_denies_the_required_size() -> None:
+    pairs_only = InventorySummary.from_nodes([_gpus(8, "pairs"), _gpus(8, "none")])
+    out = decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="4"), Settings(), pairs_only)
+    assert not out.allowed
+    assert out.message == (
+        "container 'main': nvidia.com/gpu with annotation vgpu.io/require-nvlink=4 is invalid; "
+        "allowed: 1..2 (the most GPUs of any node that are all NVLink peers)"
+    )
+    assert decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="2"), Settings(), pairs_only).allowed
+    assert decide(_request({}, gpus="4"), Settings(), pairs_only).allowed  # only preferred: admitted
+    with_nvswitch = InventorySummary.from_nodes([_gpus(8, "pairs"), _gpus(8, "all")])
+    assert decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="8"), Settings(), with_nvswitch).allowed
+    static = InventorySummary.static(max_gpu_memory_mib=81920, max_gpus_per_node=8)  # links unknown: not checked
+    assert decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="8"), Settings(), static).allowed
