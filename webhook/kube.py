@@ -6,6 +6,7 @@ client (the import-linter contracts in pyproject.toml keep it that way).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import watch
@@ -25,3 +26,10 @@ def read_secret(core: Any, *, namespace: str, name: str) -> Any | None:
         if exc.status != 404:
             raise
         return None
+
+
+def list_namespace_pods(core: Any, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's pods as plain JSON (camelCase keys, as admission sees pods), for the quota count."""
+    resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=(3.05, 5))
+    items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+    return items

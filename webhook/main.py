@@ -18,7 +18,9 @@ from webhook import certs, config_load
 from webhook.admission import Settings
 from webhook.config import ConfigError, WebhookConfig
 from webhook.inventory import InventorySource, NodeAnnotationInventory, NoInventory, StaticInventory
+from webhook.kube import list_namespace_pods
 from webhook.metrics import StateCollector, WebhookMetrics
+from webhook.quota import QUOTA_FILE, QuotaGuard
 from webhook.runner import TlsServer
 from webhook.server import Reviewer, create_app
 from webhook.tls import ReloadingTls
@@ -67,7 +69,26 @@ def make_inventory(cfg: WebhookConfig) -> InventorySource:
     return source
 
 
-def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: CollectorRegistry) -> TlsServer:
+def make_quota(cfg: WebhookConfig) -> QuotaGuard | None:
+    """Quotas when ConfigMap vgpu-quotas is mounted (its directory exists; deploy/webhook/deployment.yaml mounts it
+    optionally): usage is read from the apiserver, so this needs the kubeconfig or in-cluster credentials."""
+    if not QUOTA_FILE.parent.is_dir():
+        return None
+    from kubernetes import client
+
+    api_client = _api_client(cfg.kubeconfig, env=config_load.ENV_PREFIX + "KUBECONFIG", alternative="no quota mount")
+    core = client.CoreV1Api(api_client)
+    return QuotaGuard(
+        QUOTA_FILE,
+        lambda ns: list_namespace_pods(core, ns),  # type: ignore[arg-type,return-value]
+        names=cfg.resource_names(),
+        defaults=cfg.request_defaults(),
+    )
+
+
+def build_server(
+    cfg: WebhookConfig, inventory: InventorySource, registry: CollectorRegistry, quota: QuotaGuard | None = None
+) -> TlsServer:
     metrics = WebhookMetrics(registry)
     tls = ReloadingTls(
         cfg.cert_file,
@@ -75,7 +96,7 @@ def build_server(cfg: WebhookConfig, inventory: InventorySource, registry: Colle
         on_reload=lambda ok: metrics.cert_reloads.labels("ok" if ok else "failed").inc(),
     )
     StateCollector(cert_not_after=lambda: tls.not_after, inventory=inventory.summary, registry=registry)
-    reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics)
+    reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics, quota)
     tls.start(cfg.cert_reload_interval)
     return TlsServer(
         create_app(reviewer, max_body=cfg.max_body_bytes, max_values=cfg.max_json_values),
@@ -108,7 +129,12 @@ def serve(cfg: WebhookConfig) -> int:
     except MissingPrerequisite as exc:
         print(exc, file=sys.stderr)
         return 2
-    server = build_server(cfg, inventory, CollectorRegistry())
+    try:
+        quota = make_quota(cfg)
+    except MissingPrerequisite as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    server = build_server(cfg, inventory, CollectorRegistry(), quota)
     log.info("serving AdmissionReviews on https://%s:%d (scheduler %s)", cfg.host, server.port, cfg.scheduler_name)
     try:
         server.run()

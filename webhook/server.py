@@ -25,10 +25,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from vgpu.requests import parse_pod_request
 from vgpu_http.body import TooLarge, json_values, read_capped
 from webhook.admission import Outcome, Settings, decide, deny, review_dict
 from webhook.inventory import InventorySource
 from webhook.metrics import WebhookMetrics
+from webhook.quota import QuotaGuard
 from webhook.review import AdmissionReview
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,17 @@ MAX_JSON_VALUES = 200_000
 class Reviewer:
     """Bytes in, (HTTP status, bytes out); no HTTP framework types, so tests and benchmarks call it directly."""
 
-    def __init__(self, settings: Settings, inventory: InventorySource, metrics: WebhookMetrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        inventory: InventorySource,
+        metrics: WebhookMetrics,
+        quota: QuotaGuard | None = None,
+    ) -> None:
         self.settings = settings
         self.inventory = inventory
         self.metrics = metrics
+        self.quota = quota  # per-namespace vGPU memory/cores (webhook.quota); None: no quotas
 
     def handle(self, body: bytes, *, mutating: bool) -> tuple[int, bytes]:
         endpoint = "mutate" if mutating else "validate"
@@ -68,6 +77,8 @@ class Reviewer:
                 mutating=mutating,
                 inventory_expected=self.inventory.expected,
             )
+            if outcome.allowed and outcome.kind != "skipped" and self.quota is not None:
+                outcome = self._quota(request, outcome)
         except Exception as exc:  # a bug must still answer the apiserver with a readable denial
             log.exception("internal error reviewing %s", _who(request.object, request.namespace))
             outcome = deny(f"vgpu-webhook internal error: {type(exc).__name__}: {exc}", code=500, kind="error")
@@ -76,6 +87,16 @@ class Reviewer:
         self.metrics.reviews.labels(endpoint, outcome.kind).inc()
         _log(endpoint, request.object, request.namespace, outcome)
         return 200, out
+
+    def _quota(self, request: Any, outcome: Outcome) -> Outcome:
+        """Deny (403, as ResourceQuota does) a vGPU pod whose slices pass its namespace's quota."""
+        assert self.quota is not None
+        pod_request = parse_pod_request(request.object, self.settings.names, self.settings.defaults)
+        summary = self.inventory.summary()
+        card = summary.max_gpu_memory_mib if summary is not None else 0
+        namespace = request.namespace or (request.object.get("metadata") or {}).get("namespace") or "default"
+        why = self.quota.check(namespace, pod_request, card)
+        return outcome if why is None else deny(why, code=403)
 
 
 def _first_line(exc: Exception) -> str:

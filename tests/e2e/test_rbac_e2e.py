@@ -62,7 +62,7 @@ NEEDED: dict[str, list[Right]] = {
         Right("get", "leases", NS, "vgpu-extender", "coordination.k8s.io"),
         Right("update", "leases", NS, "vgpu-extender", "coordination.k8s.io"),
     ],
-    "vgpu-webhook": [Right("list", "nodes"), Right("watch", "nodes")],
+    "vgpu-webhook": [Right("list", "nodes"), Right("watch", "nodes"), Right("list", "pods", TENANT_NS)],
     "vgpu-webhook-certs": [
         Right("get", "secrets", NS, "vgpu-webhook-tls"),
         Right("create", "secrets", NS),
@@ -109,8 +109,9 @@ NOT_ALLOWED: dict[str, list[Right]] = {
         *SECRETS,
         Right("get", "nodes", None, "gpu-1"),
         Right("patch", "nodes", None, "gpu-1"),
-        Right("list", "pods"),
+        # It lists pods (the quota count) but reads no single pod and changes none.
         Right("get", "pods", TENANT_NS, "p"),
+        Right("patch", "pods", TENANT_NS, "p"),
     ],
     "vgpu-webhook-certs": [
         Right("get", "secrets", NS, "vgpu-extender-tls"),

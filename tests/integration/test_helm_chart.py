@@ -775,7 +775,12 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def _files(chart: dict[tuple[str, str], dict[str, Any]], doc: dict[str, Any]) -> dict[str, str]:
     """The files the pod's ConfigMap volumes mount, by path in the container."""
     spec = doc["spec"]["template"]["spec"]
-    maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+    # An optional ConfigMap (vgpu-quotas) is the admin's to create, not the chart's: it mounts nothing by default.
+    maps = {
+        v["name"]: v["configMap"]["name"]
+        for v in spec.get("volumes", [])
+        if "configMap" in v and not v["configMap"].get("optional")
+    }
     out = {}
     for m in _container(doc).get("volumeMounts", []):
         if m["name"] in maps:
