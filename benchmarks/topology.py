@@ -186,9 +186,7 @@ def main() -> None:
     p.add_argument("--nodes-per-kind", type=int, default=8, help="nodes of each kind (default: %(default)s)")
     p.add_argument("--load", type=float, default=0.85, help="mean share of GPUs held (default: %(default)s)")
     p.add_argument("--policy", default="default", help="node policy (default: %(default)s)")
-    p.add_argument(
-        "--weight", type=float, action="append", default=[], help="also run topology_weight W (repeatable)"
-    )
+    p.add_argument("--weight", type=float, action="append", default=[], help="also run topology_weight W (repeatable)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = p.parse_args()
     lo, _, hi = args.seeds.partition("-")
