@@ -97,9 +97,9 @@ def check_capacity(
             if c.count > peers:
                 return RequestError(
                     container=c.container,
-                    resource=f"{names.count} with annotation {ann.POD_REQUIRE_NVLINK}",
+                    resource=names.count,
                     value=c.count,
-                    allowed=f"1..{peers} (the most GPUs of any node that are all NVLink peers)",
+                    allowed=f"1..{peers} with {ann.POD_REQUIRE_NVLINK} (the most GPUs of any node that are all NVLink peers)",
                 )
         if c.memory_mib is None:
             continue

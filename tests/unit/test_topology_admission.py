@@ -60,8 +60,8 @@ def test_a_cluster_without_enough_nvlink_peers_denies_the_required_size() -> Non
     out = decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="4"), Settings(), pairs_only)
     assert not out.allowed
     assert out.message == (
-        "container 'main': nvidia.com/gpu with annotation vgpu.io/require-nvlink=4 is invalid; "
-        "allowed: 1..2 (the most GPUs of any node that are all NVLink peers)"
+        "container 'main': nvidia.com/gpu=4 is invalid; "
+        "allowed: 1..2 with vgpu.io/require-nvlink (the most GPUs of any node that are all NVLink peers)"
     )
     assert decide(_request({"vgpu.io/require-nvlink": "true"}, gpus="2"), Settings(), pairs_only).allowed
     assert decide(_request({}, gpus="4"), Settings(), pairs_only).allowed  # only preferred: admitted
