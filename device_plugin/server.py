@@ -1,7 +1,9 @@
 """gRPC side: a thin DevicePlugin servicer over DeviceManager, and the socket/registration lifecycle.
 
-The kubelet deletes every socket in its device-plugins folder when it restarts and recreates kubelet.sock;
-PluginServer.watch() notices either (polling every 0.5 s) and re-serves + re-registers.
+The kubelet deletes every socket in its device-plugins folder when it restarts and recreates kubelet.sock
+(k8s.io/kubernetes v1.34.4 pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go: server.Start calls
+CleanupPluginDirectory, ../manager.go, which removes every socket but keeps the checkpoint, then listens on
+kubelet.sock); PluginServer.watch() notices either (polling every 0.5 s) and re-serves + re-registers.
 """
 
 from __future__ import annotations
