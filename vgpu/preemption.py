@@ -100,21 +100,23 @@ def _reduced(u: GpuUsage, gone: set[str]) -> GpuUsage:
     return r
 
 
-def _subsets(keys: list[str], facts: Mapping[str, VictimFacts]) -> Iterable[tuple[str, ...]]:
-    """Non-empty subsets of one GPU's eligible holders: all of them, or eviction-order prefixes past the limit."""
-    if len(keys) <= EXACT_HOLDERS:
-        for size in range(1, len(keys) + 1):
-            yield from itertools.combinations(keys, size)
-        return
+def _masks(keys: list[str], facts: Mapping[str, VictimFacts]) -> tuple[list[str], list[int]]:
+    """The holders in eviction order and the subsets (bitmasks over them) to consider, fewest members first: every
+    subset up to `EXACT_HOLDERS` holders, else the prefixes of the eviction order."""
     order = sorted(keys, key=lambda k: cost_of((k,), facts))
-    for size in range(1, len(order) + 1):
-        yield tuple(order[:size])
+    n = len(order)
+    if n <= EXACT_HOLDERS:
+        return order, sorted(range(1, 1 << n), key=int.bit_count)
+    return order, [(1 << size) - 1 for size in range(1, n + 1)]
 
 
 def _gpu_sets(
     node: NodeState, pod: PodInfo, config: PlacementConfig, can_go: set[str], facts: Mapping[str, VictimFacts]
 ) -> dict[str, list[tuple[Cost, tuple[str, ...]]]]:
-    """Per GPU: the cheapest victim sets after which the pod's first slice fits there (empty tuple: fits now)."""
+    """Per GPU: the cheapest victim sets after which the pod's first slice fits there (empty tuple: fits now).
+
+    A superset of a set that works never costs less, so only sets none of whose subsets worked are checked, and
+    the arithmetic (memory, SMs, sharers freed) screens them before the full rule check (`slice_blocker`)."""
     req = pod.request.containers[0]
     out: dict[str, list[tuple[Cost, tuple[str, ...]]]] = {}
     for u in node.gpus:
@@ -123,11 +125,42 @@ def _gpu_sets(
         if slice_blocker(u, mem, cores, pod.role, config) is None:
             out[dev.uuid] = [(cost_of((), facts), ())]
             continue
-        keys = sorted({h.pod_key for h in u.holders if h.pod_key in can_go})
+        held: dict[str, list[int]] = {}
+        for h in u.holders:
+            if h.pod_key in can_go:
+                e = held.setdefault(h.pod_key, [0, 0, 0])
+                e[0] += h.memory_mib
+                e[1] += h.cores
+                e[2] += 1
+        if not held:
+            continue
+        order, masks = _masks(list(held), facts)
+        mem_need = u.memory_used + mem - int(dev.memory_mib * config.memory_scaling)
+        core_need = u.cores_used + cores - int(dev.cores * config.core_scaling)
+        share_need = u.sharers + 1 - dev.split_count
         found: list[tuple[Cost, tuple[str, ...]]] = []
-        for subset in _subsets(keys, facts):
-            if slice_blocker(_reduced(u, set(subset)), mem, cores, pod.role, config) is None:
-                found.append((cost_of(subset, facts), subset))
+        worked: list[int] = []
+        vals = [held[k] for k in order]
+        freed: dict[int, tuple[int, int, int]] = {0: (0, 0, 0)}
+        for mask in masks:
+            low = mask & -mask
+            rest = freed.get(mask ^ low)
+            v = vals[low.bit_length() - 1]
+            if rest is None:  # a prefix mask whose parent was not enumerated
+                rest = (0, 0, 0)
+                for i in range(low.bit_length(), len(order)):
+                    if mask >> i & 1:
+                        w = vals[i]
+                        rest = (rest[0] + w[0], rest[1] + w[1], rest[2] + w[2])
+            f = freed[mask] = (rest[0] + v[0], rest[1] + v[1], rest[2] + v[2])
+            if f[0] < mem_need or f[1] < core_need or f[2] < share_need:
+                continue
+            if any(w & mask == w for w in worked):
+                continue
+            members = [order[i] for i in range(len(order)) if mask >> i & 1]
+            if slice_blocker(_reduced(u, set(members)), mem, cores, pod.role, config) is None:
+                worked.append(mask)
+                found.append((cost_of(members, facts), tuple(members)))
         found.sort()
         if found:
             out[dev.uuid] = found[:CANDIDATES_PER_GPU]
@@ -173,21 +206,23 @@ def _best_over(
 ) -> Choice | None:
     if len(per_gpu) < k:
         return best
-    options: list[tuple[Cost, frozenset[str]]] = []
     gpus = sorted(per_gpu, key=lambda g: per_gpu[g][0][0])
-    for combo in itertools.islice(itertools.combinations(gpus, k), MAX_COMBINATIONS):
-        for picks in itertools.product(*(per_gpu[g] for g in combo)):
-            union = frozenset(itertools.chain.from_iterable(p[1] for p in picks))
-            if union and union not in tried:
-                tried.add(union)
-                options.append((cost_of(union, facts), union))
-    options.sort()
-    for cost, union in options:
-        if best is not None and best.cost <= cost:
-            break
-        fit = fit_node(without(node, union), pod, config, rank)
-        if isinstance(fit, FitFailure):
-            continue
-        order = tuple(sorted(union, key=lambda v: cost_of((v,), facts)))
-        return Choice(node.name, order, fit, cost)
+    # Each GPU's cheapest set first; its runners-up only when no combination of the cheapest ones is confirmed.
+    for width in (1, CANDIDATES_PER_GPU) if k > 1 else (CANDIDATES_PER_GPU,):
+        options: list[tuple[Cost, frozenset[str]]] = []
+        for combo in itertools.islice(itertools.combinations(gpus, k), MAX_COMBINATIONS):
+            for picks in itertools.product(*(per_gpu[g][:width] for g in combo)):
+                union = frozenset(itertools.chain.from_iterable(p[1] for p in picks))
+                if union and union not in tried:
+                    tried.add(union)
+                    options.append((cost_of(union, facts), union))
+        options.sort()
+        for cost, union in options:
+            if best is not None and best.cost <= cost:
+                break
+            fit = fit_node(without(node, union), pod, config, rank)
+            if isinstance(fit, FitFailure):
+                continue
+            order = tuple(sorted(union, key=lambda v: cost_of((v,), facts)))
+            return Choice(node.name, order, fit, cost)
     return best

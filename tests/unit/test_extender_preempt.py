@@ -209,3 +209,27 @@ def test_a_binding_refused_by_a_status_write_in_between_is_retried_only_on_our_o
             assert handler.bindings == ["8", "9"]
     finally:
         server.shutdown()
+
+
+def test_nodes_past_the_time_budget_are_left_out() -> None:
+    from scheduler_extender.preempt import given_victims, victims_result
+    from vgpu.pod import pod_info
+    from vgpu.priority import Priority
+
+    svc, _ = _service()
+    _fill(svc)
+    online = _pod("online", 40000, 1000)
+    ticks = iter(range(100))
+    given = given_victims({"a": _meta("uid-b3"), "b": _meta("uid-h0")}, None)
+    out = victims_result(
+        svc.state,
+        svc.planner,
+        svc.books,
+        pod_info(online),
+        Priority(1000),
+        given,
+        [],
+        budget_s=1.5,
+        clock=lambda: float(next(ticks)),
+    )
+    assert out == {"a": _meta("uid-b1")}  # node a examined at t=1, node b (t=2) past the 1.5 s budget
