@@ -104,7 +104,13 @@ class PluginNode:
         self.namespace = namespace
         self.core = client.CoreV1Api(cp.api_client())
         self.name = f"dpc-{uuid.uuid4().hex[:6]}"
-        cp.add_node(self.name, {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(8 * SPLIT)})
+        # Tainted: no scheduler in the shared session may bind another module's pending pods here (this test binds
+        # its own pods directly, as the extender's Binding does, which taints do not stop).
+        cp.add_node(
+            self.name,
+            {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(8 * SPLIT)},
+            taints=[{"key": "kube-vgpu.e2e/device-plugin-chaos", "value": self.name, "effect": "NoSchedule"}],
+        )
         self.dir = tempfile.mkdtemp(prefix="dpc")
         self.pr_socket = f"{self.dir}-pr.sock"
         self.kubelet = FakeKubelet(self.dir, self.pr_socket)
