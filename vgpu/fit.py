@@ -192,8 +192,9 @@ def fit_node(node: NodeState, pod: PodInfo, config: PlacementConfig, rank: GpuRa
                         f"of the {len(candidates)} GPUs that can host its slice now, at most {now} are"
                         if ever >= req.count
                         else f"at most {ever} of this node's GPUs that could ever host it are"
-                        + ("" if topo.cliques else " (no NVLink between its GPUs)")
-                    ),
+                    )
+                    + " NVLink peers of each other"
+                    + ("" if topo.cliques else " (no NVLink between its GPUs)"),
                     unresolvable=ever < req.count,
                 )
         if offer is not None and (why := offer.problem(t[3].device.uuid for t in chosen)) is not None:
