@@ -6,12 +6,14 @@ Shared by the extender e2e tests (through tests/e2e/vgpu_stack.py) and `python -
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import signal
 import ssl
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -196,6 +198,20 @@ def scheduler_config(cp: ControlPlane, ext: Extender) -> str:
         assert {"certFile", "keyFile"} <= e["tlsConfig"].keys(), "the shipped config presents a client certificate"
         e["tlsConfig"]["certFile"], e["tlsConfig"]["keyFile"] = (str(p) for p in ext.client_cert)
     return yaml.safe_dump(config)
+
+
+@contextlib.contextmanager
+def extender_and_scheduler(cp: ControlPlane, *, name: str = "vgpu-extender") -> Iterator[Extender]:
+    """An extender and kube-scheduler configured to call it, both stopped on exit: the stack most e2e modules share."""
+    ext = Extender(cp, name=name)
+    ext.start()
+    cp.start_scheduler(scheduler_config(cp, ext))
+    try:
+        yield ext
+    finally:
+        cp.stop_scheduler()
+        if ext.proc is not None:
+            cp.stop_process(ext.proc)
 
 
 def gpu_nodes(cp: ControlPlane, prefix: str, count: int, gpus: int) -> dict[str, str]:

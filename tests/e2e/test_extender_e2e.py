@@ -22,21 +22,14 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import BIND_GRACE_S, GPU_MEM, SCHEDULER, SPLIT, Extender, gpu_nodes, scheduler_config
+from tests.e2e.vgpu_stack import BIND_GRACE_S, GPU_MEM, SCHEDULER, SPLIT, Extender, extender_and_scheduler, gpu_nodes
 from vgpu import annotations as ann
 
 
 @pytest.fixture(scope="module")
 def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
-    ext = Extender(control_plane)
-    ext.start()
-    control_plane.start_scheduler(scheduler_config(control_plane, ext))
-    try:
+    with extender_and_scheduler(control_plane) as ext:
         yield control_plane, ext
-    finally:
-        control_plane.stop_scheduler()
-        if ext.proc is not None:
-            control_plane.stop_process(ext.proc)
 
 
 def _pod(name: str, selector: dict[str, str], limits: dict[str, str], **meta: Any) -> dict[str, Any]:

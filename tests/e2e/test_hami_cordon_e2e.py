@@ -19,7 +19,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, SPLIT, Extender, scheduler_config
+from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, SPLIT, Extender, extender_and_scheduler
 from vgpu import annotations as ann
 from vgpu import hami
 from vgpu.devices import GpuDevice
@@ -30,15 +30,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture(scope="module")
 def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
-    ext = Extender(control_plane, name="vgpu-extender-hami")
-    ext.start()
-    control_plane.start_scheduler(scheduler_config(control_plane, ext))
-    try:
+    with extender_and_scheduler(control_plane, name="vgpu-extender-hami") as ext:
         yield control_plane, ext
-    finally:
-        control_plane.stop_scheduler()
-        if ext.proc is not None:
-            control_plane.stop_process(ext.proc)
 
 
 def _uuid(tag: str, node: int, gpu: int) -> str:

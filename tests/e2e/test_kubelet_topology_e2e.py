@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, Extender, scheduler_config
+from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, Extender, extender_and_scheduler
 from vgpu import annotations as ann
 from vgpu import kubelet_topology as kt
 from vgpu.devices import GpuDevice
@@ -29,15 +29,8 @@ NUMA = (0, 0, 1, 1)
 
 @pytest.fixture(scope="module")
 def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
-    ext = Extender(control_plane, name="vgpu-extender-numa")
-    ext.start()
-    control_plane.start_scheduler(scheduler_config(control_plane, ext))
-    try:
+    with extender_and_scheduler(control_plane, name="vgpu-extender-numa") as ext:
         yield control_plane, ext
-    finally:
-        control_plane.stop_scheduler()
-        if ext.proc is not None:
-            control_plane.stop_process(ext.proc)
 
 
 def _pod(name: str, selector: dict[str, str], gpus: int) -> dict[str, Any]:

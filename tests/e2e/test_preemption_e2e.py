@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, Extender, scheduler_config
+from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, Extender, extender_and_scheduler
 from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
 
@@ -39,15 +39,8 @@ def stack(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]
         except client.ApiException as exc:
             if exc.status != 409:
                 raise
-    ext = Extender(control_plane)
-    ext.start()
-    control_plane.start_scheduler(scheduler_config(control_plane, ext))
-    try:
+    with extender_and_scheduler(control_plane) as ext:
         yield control_plane, ext
-    finally:
-        control_plane.stop_scheduler()
-        if ext.proc is not None:
-            control_plane.stop_process(ext.proc)
 
 
 def _node(cp: ControlPlane, name: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, SPLIT, Extender, scheduler_config
+from tests.e2e.vgpu_stack import GPU_MEM, SCHEDULER, SPLIT, Extender, extender_and_scheduler
 from vgpu import annotations as ann
 from vgpu.devices import GpuDevice
 from vgpu.topology import Link, node_topology
@@ -31,15 +31,8 @@ KINDS = {
 
 @pytest.fixture(scope="module")
 def vgpu(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Extender]]:
-    ext = Extender(control_plane, name="vgpu-extender-topology")
-    ext.start()
-    control_plane.start_scheduler(scheduler_config(control_plane, ext))
-    try:
+    with extender_and_scheduler(control_plane, name="vgpu-extender-topology") as ext:
         yield control_plane, ext
-    finally:
-        control_plane.stop_scheduler()
-        if ext.proc is not None:
-            control_plane.stop_process(ext.proc)
 
 
 def _nodes(cp: ControlPlane, tag: str) -> tuple[dict[str, str], dict[str, list[GpuDevice]]]:
