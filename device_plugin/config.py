@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from device_plugin.envs import EnvSettings
 from device_plugin.watchdog.ladder import parse_steps
 from vgpu.config import ResourceNames
+from vgpu.priority import DEFAULT_ONLINE_PRIORITY_MIN
 from vgpu.settings import Problem, Schema
 
 VERSION = "v1"
@@ -106,6 +107,11 @@ class PluginConfig(BaseModel):
     hami_core_dir: str = Field(
         default="/var/run/vgpu/hami-core", description="host folder for the ld.so.preload file and HAMi-core's lock"
     )
+    online_priority_min: int = Field(
+        default=DEFAULT_ONLINE_PRIORITY_MIN,
+        description="PriorityClass value from which a pod is online: its slices get runtime priority high "
+        "(CUDA_TASK_PRIORITY / CUDA_MPS_CLIENT_PRIORITY 0, else 1) unless a container sets nvidia.com/priority",
+    )
     cache_dir_on_host: str = Field(
         default="/var/run/vgpu/containers", description="host folder for HAMi-core's shared memory cache per container"
     )
@@ -169,6 +175,7 @@ class PluginConfig(BaseModel):
             hami_core_library=self.hami_core_library,
             hami_core_preload_file=posixpath.join(self.hami_core_dir, "ld.so.preload"),
             hami_core_lock_dir=posixpath.join(self.hami_core_dir, "vgpulock"),
+            online_priority_min=self.online_priority_min,
         )
 
     def resource_names(self) -> ResourceNames:

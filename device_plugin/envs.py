@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from vgpu import annotations as ann
 from vgpu.annotations import ContainerAssignment
 from vgpu.assignment_check import is_dns1123_label, is_pod_uid, shown
+from vgpu.priority import DEFAULT_ONLINE_PRIORITY_MIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,11 @@ HAMI_CORE_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
 HAMI_CORE_LOCK_DIR_IN_CONTAINER = "/tmp/vgpulock"
 PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
 
+# The runtime priority (vgpu.priority.runtime_priority, 0 high / 1 low) under each runtime that reads one:
+# HAMi pkg/util/types.go `TaskPriority`; NVIDIA's Multi-Process Service guide, "Environment Variables".
+HAMI_TASK_PRIORITY_ENV = "CUDA_TASK_PRIORITY"
+MPS_CLIENT_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+
 
 @dataclass(frozen=True, slots=True)
 class EnvSettings:
@@ -57,6 +63,8 @@ class EnvSettings:
     hami_core_library: str = ""
     hami_core_preload_file: str = "/var/run/vgpu/hami-core/ld.so.preload"
     hami_core_lock_dir: str = "/var/run/vgpu/hami-core/vgpulock"
+    # PriorityClass value from which a pod counts as online for the runtime priority (vgpu.priority).
+    online_priority_min: int = DEFAULT_ONLINE_PRIORITY_MIN
 
 
 def cache_dir_on_host(settings: EnvSettings, *, pod_uid: str, index: int) -> str:
@@ -73,10 +81,19 @@ def cache_dir_on_host(settings: EnvSettings, *, pod_uid: str, index: int) -> str
 
 
 def container_slice(
-    c: ContainerAssignment, *, namespace: str, pod: str, pod_uid: str, index: int, settings: EnvSettings
+    c: ContainerAssignment,
+    *,
+    namespace: str,
+    pod: str,
+    pod_uid: str,
+    index: int,
+    settings: EnvSettings,
+    runtime_priority: int | None = None,
 ) -> ContainerSlice:
     """Env and mounts for one container (`index`: its position in the assignment). Device order is the
-    assignment's, so CUDA device i ↔ limit _i. cores 0 (best effort) sets no SM limit."""
+    assignment's, so CUDA device i ↔ limit _i. cores 0 (best effort) sets no SM limit. `runtime_priority`
+    (0 high, 1 low) goes to the runtimes that read one — HAMi-core when its library is provided, MPS when on —
+    and nowhere in plain mode, where nothing would read it."""
     if not is_dns1123_label(c.name):
         raise ValueError(f"container name {shown(c.name)} is not a DNS-1123 label")
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in c.devices)}
@@ -96,9 +113,13 @@ def container_slice(
         mounts.append(Mount(settings.mps_pipe_dir, settings.mps_pipe_dir))
         mounts.append(Mount(settings.mps_log_dir, settings.mps_log_dir, read_only=True))
         mounts.append(Mount("/dev/shm", settings.mps_shm_dir))
+        if runtime_priority is not None:
+            envs[MPS_CLIENT_PRIORITY_ENV] = str(runtime_priority)
     if settings.hami_core_library:
         mounts.append(Mount(HAMI_CORE_LIBRARY_IN_CONTAINER, settings.hami_core_library, read_only=True))
         mounts.append(Mount(PRELOAD_IN_CONTAINER, settings.hami_core_preload_file, read_only=True))
         mounts.append(Mount(HAMI_CORE_LOCK_DIR_IN_CONTAINER, settings.hami_core_lock_dir))
+        if runtime_priority is not None:
+            envs[HAMI_TASK_PRIORITY_ENV] = str(runtime_priority)
     annotations = {ann.CRI_POD: f"{namespace}/{pod}", ann.CRI_CONTAINER: c.name}
     return ContainerSlice(envs=envs, mounts=tuple(mounts), annotations=annotations)

@@ -33,6 +33,7 @@ from vgpu import annotations as ann
 from vgpu.assignment_check import AssignmentRefused, NodeGpus, check_assignment, shown
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.devices import GpuDevice
+from vgpu.priority import runtime_priority
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,12 @@ class DeviceManager:
                         pod_uid=cand.pod.uid,
                         index=cand.pod.assignment.containers.index(cand.container),
                         settings=self.settings,
+                        runtime_priority=runtime_priority(
+                            cand.pod.spec,
+                            cand.container.name,
+                            resource=self.names.priority,
+                            online_min=self.settings.online_priority_min,
+                        ),
                     )
                 )
             except ValueError as exc:  # vet() refuses these first; never serve a path we could not build

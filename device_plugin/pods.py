@@ -33,8 +33,9 @@ class PodRecord:
     container_ids: tuple[tuple[str, str], ...] = ()
     pod_ip: str = ""
     labels: tuple[tuple[str, str], ...] = ()
-    # The pod as JSON, trimmed to what Allocate checks the assignment against (vgpu.assignment_check):
-    # {"spec": {"containers"/"initContainers": [{"name", "resources"}]}}.
+    # The pod as JSON, trimmed to what Allocate checks the assignment against (vgpu.assignment_check) and the
+    # runtime priority it hands out (vgpu.priority.runtime_priority):
+    # {"spec": {"priority", "containers"/"initContainers": [{"name", "resources"}]}}.
     spec: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -43,9 +44,12 @@ class PodRecord:
 
 
 def trimmed_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """Only the containers' names and resources: what vgpu.requests reads, nothing else kept per pod."""
+    """Only the containers' names and resources (what vgpu.requests reads) and spec.priority; nothing else kept."""
     spec = pod.get("spec") or {}
     out: dict[str, Any] = {}
+    priority = spec.get("priority") if isinstance(spec, Mapping) else None
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        out["priority"] = priority
     for section in ("containers", "initContainers"):
         items = spec.get(section) if isinstance(spec, Mapping) else None
         if isinstance(items, list):

@@ -48,3 +48,46 @@ def pod_priority(pod: Mapping[str, Any], request: PodRequest) -> Priority:
     """Combine spec.priority with the HAMi priority of the pod's GPU containers (the highest of them counts)."""
     hami_high = any(c.priority == HAMI_HIGH for c in request.containers)
     return Priority(spec_priority(pod), hami_high)
+
+
+# --- Runtime priority handed to the container at Allocate ------------------------------------------------------
+#
+# Both runtimes that can favour one client over another on a shared GPU take 0 for "high" and 1 for "low":
+# - HAMi-core's CUDA_TASK_PRIORITY (HAMi pkg/util/types.go `TaskPriority = "CUDA_TASK_PRIORITY"`, set by HAMi's
+#   webhook from `nvidia.com/priority` in pkg/device/nvidia/device.go MutateAdmission; HAMi-core
+#   src/multiprocess/multiprocess_memory_limit.c stores it in the container's shared region, 1 when unset);
+# - MPS's CUDA_MPS_CLIENT_PRIORITY (NVIDIA Multi-Process Service guide, "Environment Variables",
+#   CUDA_MPS_CLIENT_PRIORITY: 0 normal, the default, 1 below normal).
+RUNTIME_HIGH = 0
+RUNTIME_LOW = 1
+# PriorityClass values at or above this are "online" by default (kube-vgpu's examples: online 100000, batch 100;
+# Kubernetes' own system classes are 2000000000 and above).
+DEFAULT_ONLINE_PRIORITY_MIN = 1000
+
+
+def hami_priority_given(pod: Mapping[str, Any], container: str, resource: str) -> int | None:
+    """The container's own HAMi priority (`resource` in its limits, else requests) when it is 0 or 1; None when
+    absent or not one of those (the webhook refuses other values before a pod gets this far)."""
+    spec = pod.get("spec") or {}
+    for section in ("containers", "initContainers"):
+        for c in spec.get(section) or []:
+            if not isinstance(c, Mapping) or c.get("name") != container:
+                continue
+            resources = c.get("resources") or {}
+            for part in ("limits", "requests"):
+                raw = (resources.get(part) or {}).get(resource)
+                if raw is None:
+                    continue
+                text = str(raw).strip()
+                return int(text) if text in ("0", "1") else None
+            return None
+    return None
+
+
+def runtime_priority(pod: Mapping[str, Any], container: str, *, resource: str, online_min: int) -> int:
+    """RUNTIME_HIGH or RUNTIME_LOW for one container: its own HAMi priority when it states one (the pod author's
+    explicit word, as HAMi reads it), else high when the pod's PriorityClass value is at least `online_min`."""
+    given = hami_priority_given(pod, container, resource)
+    if given is not None:
+        return given
+    return RUNTIME_HIGH if spec_priority(pod) >= online_min else RUNTIME_LOW

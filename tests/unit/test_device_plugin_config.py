@@ -259,6 +259,12 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         ),
         ("/run/hc/ld.so.preload", "/run/hc/vgpulock"),
     ),
+    "online_priority_min": (
+        "5000",
+        {},
+        lambda r, c, m: r.plugin(c).manager.settings.online_priority_min,
+        5000,
+    ),
     "cache_dir_on_host": (
         "/var/cache/v",
         {},
