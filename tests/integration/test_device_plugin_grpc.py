@@ -45,6 +45,9 @@ class Rig:
             health_probe_s=0.2,
             xid_recovery_s=3600,
             reconcile_s=0.5,
+            # A kubelet whose Topology Manager aligns devices: replicas then carry their NUMA node (policy
+            # unknown or best-effort sends none, see docs/device-plugin.md).
+            topology_manager_policy="restricted",
         )
         return Plugin(
             conf,
