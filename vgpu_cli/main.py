@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from vgpu import logs
-from vgpu_cli import demo, discovery, pd_bench, replay, show
+from vgpu_cli import demo, discovery, pd_bench, replay, show, validate
 from vgpu_cli.common import CliError, Subparsers
 
 # Every subcommand: a module exposing add_parser(subparsers) that sets `func` (args -> exit code).
@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     show.add_parser,
     replay.add_parser,
     pd_bench.add_parser,
+    validate.add_parser,
     discovery.add_parser,
 )
 

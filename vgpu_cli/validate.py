@@ -1,0 +1,186 @@
+"""`vgpu validate`: request-level what-if of a deployment (docs/validate.md).
+
+Simulates a bundled scenario (or a trace file on a scenario's deployment) request by request, prints
+the layered report (latency and SLO, allocation, queuing, cache, communication), the verdict naming
+the layer to fix first and the what-if that shows it. Exit code 1 when the SLO is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vgpu.perf.params import PerfParams
+from vgpu.whatif import routing
+from vgpu.whatif.report import Report
+from vgpu.whatif.scenarios import SCENARIOS, Scenario
+from vgpu.whatif.verdict import Verdict, diagnose
+from vgpu.whatif.workload import Request, generate
+from vgpu_cli.common import EXIT_FAILED, EXIT_OK, CliError, Subparsers
+
+TRACE_FIELDS = "arrival (s), prompt (tokens), output (tokens), optional prefixes [[key, tokens], ...] and key"
+
+
+def add_parser(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="request-level what-if: which layer (allocation, queuing, cache, communication) misses the SLO",
+        description=(
+            "Simulates every request of a workload on a prefill/decode deployment: routing, queuing, prefill on "
+            "the slice's SM share, KV transfer by locality, decode steps and per-instance prefix caches. Reports "
+            "TTFT/TPOT and SLO attainment, then each layer separately, and names the layer to fix first with "
+            "the what-if that shows it. Exit code 1 when the SLO is missed."
+        ),
+    )
+    p.add_argument("scenario", nargs="?", help=f"bundled scenario: {', '.join(SCENARIOS)}")
+    p.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+    p.add_argument("--routing", choices=routing.POLICIES, help="routing policy (default: the scenario's)")
+    p.add_argument("--seed", type=int, help="workload seed (default: the scenario's)")
+    p.add_argument("--rate", type=float, help="requests per second (default: the scenario's)")
+    p.add_argument("--duration", type=float, help="trace length in seconds (default: the scenario's)")
+    p.add_argument(
+        "--trace", metavar="FILE", help=f"JSON-lines trace to replay on the scenario's deployment: {TRACE_FIELDS}"
+    )
+    p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the scenario's)")
+    p.add_argument("--tpot-slo", type=float, help="TPOT SLO in seconds (default: the scenario's)")
+    p.add_argument("--layerwise-kv", action="store_true", help="model layer-wise KV transfer (5-8 ms visible)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def load_trace(path: str) -> list[Request]:
+    """Parse a JSON-lines trace; errors name the line and what is allowed."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise CliError(f"--trace {path}: {exc.strerror}") from None
+    raw: list[tuple[float, int, int, tuple[tuple[str, int], ...], str]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            arrival, prompt, output = float(obj["arrival"]), int(obj["prompt"]), int(obj["output"])
+            prefixes = tuple((str(k), int(t)) for k, t in obj.get("prefixes", []))
+            key = str(obj.get("key", f"line{n}"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise CliError(f"--trace {path} line {n}: expected a JSON object with {TRACE_FIELDS}") from None
+        if arrival < 0 or prompt < 1 or output < 1 or any(not 0 < t <= prompt for _, t in prefixes):
+            raise CliError(
+                f"--trace {path} line {n}: arrival must be >= 0, prompt and output >= 1, each prefix 1..prompt tokens"
+            )
+        raw.append((arrival, prompt, output, tuple(sorted(prefixes, key=lambda x: x[1])), key))
+    if not raw:
+        raise CliError(f"--trace {path}: no requests")
+    raw.sort(key=lambda r: r[0])
+    return [Request(i, a, p, o, pre, k) for i, (a, p, o, pre, k) in enumerate(raw)]
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    if args.scenario not in SCENARIOS:
+        raise CliError(f"scenario {args.scenario!r} is unknown; bundled: {', '.join(SCENARIOS)} (see --list)")
+    s = SCENARIOS[args.scenario]
+    work = replace(
+        s.workload, **{k: v for k, v in (("rate", args.rate), ("duration_s", args.duration)) if v is not None}
+    )
+    slos = replace(s.slos, **{k: v for k, v in (("ttft_s", args.ttft_slo), ("tpot_s", args.tpot_slo)) if v is not None})
+    try:
+        work.check()
+        slos.check()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return replace(
+        s, workload=work, slos=slos, policy=args.routing or s.policy, seed=s.seed if args.seed is None else args.seed
+    )
+
+
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("latency", "TTFT p50 / p99", "ttft"),
+    ("", "TPOT p50 / p99", "tpot"),
+    ("", "SLO attainment (TTFT / TPOT / both)", "slo"),
+    ("allocation", "prefill load (oracle hits) / decode load", "load"),
+    ("", "busiest prefill / decode slice", "busy"),
+    ("queuing", "prefill wait mean / p99", "pwait"),
+    ("", "decode admission wait mean / p99", "dwait"),
+    ("", "waiting while a peer was idle", "peer"),
+    ("cache", "prefix hit rate / oracle router", "hit"),
+    ("communication", "KV transfer share of TTFT (mean)", "kv"),
+)
+
+
+def _cell(r: Report, what: str) -> str:
+    ms = 1000.0
+    cells = {
+        "ttft": f"{r.ttft_p50_s * ms:.0f} / {r.ttft_p99_s * ms:.0f} ms",
+        "tpot": f"{r.tpot_p50_s * ms:.1f} / {r.tpot_p99_s * ms:.1f} ms",
+        "slo": f"{r.ttft_attainment:.0%} / {r.tpot_attainment:.0%} / {r.slo_attainment:.0%}",
+        "load": f"{r.prefill_load:.2f} / {r.decode_load:.2f}",
+        "busy": f"{r.prefill_busy_max:.0%} / {r.decode_busy_max:.0%}",
+        "pwait": f"{r.prefill_wait_mean_s * ms:.0f} / {r.prefill_wait_p99_s * ms:.0f} ms",
+        "dwait": f"{r.decode_wait_mean_s * ms:.0f} / {r.decode_wait_p99_s * ms:.0f} ms",
+        "peer": f"{r.wait_peer_idle_share:.0%}",
+        "hit": f"{r.hit_rate:.0%} / {r.oracle_hit_rate:.0%}",
+        "kv": f"{r.kv_share_of_ttft:.0%} ({r.kv_mean_s * ms:.0f} ms)",
+    }
+    return cells[what]
+
+
+def render(s: Scenario, rep: Report, verdict: Verdict) -> str:
+    fix = verdict.fix
+    head = ["LAYER", "METRIC", "NOW"] + (["WHAT-IF"] if fix else [])
+    rows = [head]
+    for layer, metric, what in ROWS:
+        rows.append([layer, metric, _cell(rep, what)] + ([_cell(fix.report, what)] if fix else []))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    pool = f"{rep.prefill_instances} prefill + {rep.decode_instances} decode slices of {s.pool.model.name} on {s.pool.gpu.name}"
+    lines = [
+        f"scenario {s.name}: {s.summary}",
+        f"{pool}; routing {s.policy}; {rep.requests} requests at {rep.offered_rps:.1f} req/s; "
+        f"SLO TTFT {s.slos.ttft_s * 1000:.0f} ms, TPOT {s.slos.tpot_s * 1000:.0f} ms for {s.slos.target:.0%} of requests",
+        "",
+        *table,
+        "",
+        "VERDICT  " + verdict.text(rep),
+    ]
+    if fix:
+        lines.append(f"WHAT-IF  {fix.change}" + (f" (routing {fix.policy})" if fix.policy != s.policy else ""))
+    return "\n".join(lines) + "\n"
+
+
+def as_json(s: Scenario, rep: Report, verdict: Verdict) -> dict[str, Any]:
+    fix = verdict.fix
+    return {
+        "scenario": s.name,
+        "routing": s.policy,
+        "slos": {"ttftSeconds": s.slos.ttft_s, "tpotSeconds": s.slos.tpot_s, "target": s.slos.target},
+        "report": rep.as_dict(),
+        "verdict": {"layer": verdict.layer, "cause": verdict.cause, "text": verdict.text(rep)},
+        "whatIf": None
+        if fix is None
+        else {"change": fix.change, "routing": fix.policy, "report": fix.report.as_dict()},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for s in SCENARIOS.values():
+            print(f"{s.name:18} planted: {s.planted:13} {s.summary}")
+        return EXIT_OK
+    if args.scenario is None:
+        raise CliError(f"name a scenario ({', '.join(SCENARIOS)}) or use --list")
+    s = _scenario(args)
+    requests = load_trace(args.trace) if args.trace else generate(s.workload, s.seed)
+    params = PerfParams(layerwise_kv=args.layerwise_kv)
+    start = time.process_time()
+    rep, verdict = diagnose(s.pool, requests, s.policy, s.slos, params)
+    cpu = time.process_time() - start
+    if args.json:
+        print(json.dumps({**as_json(s, rep, verdict), "cpuSeconds": round(cpu, 3)}, indent=1))
+    else:
+        print(render(s, rep, verdict), end="")
+    return EXIT_OK if rep.slo_met else EXIT_FAILED
