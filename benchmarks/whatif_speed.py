@@ -7,6 +7,10 @@ matter. Each runs under round-robin routing (no cache look-ups: the cheapest rou
 weighted scorers (a cache look-up per prefill instance per request). CPU time is `time.process_time()` of the
 simulation alone (trace generation and the report are timed apart).
 
+When SimPy is importable (it is not a dependency: `pip install --target DIR simpy` and PYTHONPATH=DIR), the
+event core is also compared on its own: the same number of timed events as the llm-d chat run processed by
+a heapq loop and by SimPy processes yielding timeouts, the overhead a SimPy-based simulator starts from.
+
     python benchmarks/whatif_speed.py [--rate 100] [--duration 600] [--seed 1] [--json out.json]
 """
 
@@ -24,6 +28,42 @@ from vgpu.whatif.sim import simulate
 from vgpu.whatif.workload import WorkloadSpec, generate
 
 TARGET_S = 60.0
+
+
+def event_core(events: int) -> dict[str, float] | None:
+    """CPU seconds for `events` timed events: heapq push/pop against SimPy timeouts (None without SimPy)."""
+    try:
+        import simpy  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    import heapq
+    import random
+
+    rng = random.Random(1)
+    delays = [rng.random() for _ in range(events)]
+    t0 = time.process_time()
+    heap: list[tuple[float, int]] = []
+    now = 0.0
+    for i, d in enumerate(delays):
+        heapq.heappush(heap, (now + d, i))
+        if len(heap) > 64:
+            now, _ = heapq.heappop(heap)
+    while heap:
+        heapq.heappop(heap)
+    heap_s = time.process_time() - t0
+    env = simpy.Environment()
+
+    def proc(chunk: list[float]) -> Any:
+        for d in chunk:
+            yield env.timeout(d)
+
+    t1 = time.process_time()
+    for k in range(64):  # 64 concurrent processes, as many pending events as the heapq loop keeps
+        env.process(proc(delays[k::64]))
+    env.run()
+    simpy_s = time.process_time() - t1
+    return {"events": events, "heapq_cpu_s": round(heap_s, 3), "simpy_cpu_s": round(simpy_s, 3),
+            "simpy_over_heapq": round(simpy_s / heap_s, 2)}  # fmt: skip
 
 
 def main() -> None:
@@ -71,9 +111,15 @@ def main() -> None:
             rows.append(row)
             print(f"{wname:12} {policy:12} {len(reqs):9d} {gen_s:6.2f} {sim_s:9.2f} {rate:10.0f} {rep_s:8.2f} "
                   f"{row['x_target']:8.2f} {row['vs_round_robin']:6.2f} {rep.slo_attainment:6.1%}")  # fmt: skip
+    core = event_core(max(r["events"] for r in rows))
+    if core:
+        print(f"event core, {core['events']} events: heapq {core['heapq_cpu_s']:.2f} CPU s, SimPy "
+              f"{core['simpy_cpu_s']:.2f} CPU s ({core['simpy_over_heapq']:.1f}x)")  # fmt: skip
+    else:
+        print("event core: SimPy not importable, comparison skipped")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"target_s": TARGET_S, "rows": rows}, fh, indent=1)
+            json.dump({"target_s": TARGET_S, "rows": rows, "event_core": core}, fh, indent=1)
 
 
 if __name__ == "__main__":
