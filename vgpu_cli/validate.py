@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from vgpu.perf.params import PerfParams
-from vgpu.whatif import routing
+from vgpu.whatif import routing, traces
 from vgpu.whatif.report import Report
 from vgpu.whatif.scenarios import SCENARIOS, Scenario
 from vgpu.whatif.verdict import Verdict, diagnose
 from vgpu.whatif.workload import Request, generate
 from vgpu_cli.common import EXIT_FAILED, EXIT_OK, CliError, Subparsers
-
-TRACE_FIELDS = "arrival (s), prompt (tokens), output (tokens), optional prefixes [[key, tokens], ...] and key"
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -43,41 +41,31 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument("--rate", type=float, help="requests per second (default: the scenario's)")
     p.add_argument("--duration", type=float, help="trace length in seconds (default: the scenario's)")
     p.add_argument(
-        "--trace", metavar="FILE", help=f"JSON-lines trace to replay on the scenario's deployment: {TRACE_FIELDS}"
+        "--trace",
+        metavar="FILE",
+        help=f"trace to replay on the scenario's deployment: JSON lines ({traces.JSONL_FIELDS}) or an Azure LLM inference CSV ({traces.AZURE_HEADER})",
     )
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the scenario's)")
     p.add_argument("--tpot-slo", type=float, help="TPOT SLO in seconds (default: the scenario's)")
     p.add_argument("--layerwise-kv", action="store_true", help="model layer-wise KV transfer (5-8 ms visible)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument(
+        "--plot", metavar="FILE", help="write a PNG of the layers, now and after the what-if (needs matplotlib)"
+    )
+    p.add_argument("--write-trace", metavar="FILE", help="write the workload as a JSON-lines trace and exit")
     p.set_defaults(func=run)
 
 
 def load_trace(path: str) -> list[Request]:
-    """Parse a JSON-lines trace; errors name the line and what is allowed."""
+    """Read a trace file in either format (vgpu.whatif.traces); errors name the file and line."""
     try:
-        lines = Path(path).read_text().splitlines()
+        text = Path(path).read_text()
     except OSError as exc:
         raise CliError(f"--trace {path}: {exc.strerror}") from None
-    raw: list[tuple[float, int, int, tuple[tuple[str, int], ...], str]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            arrival, prompt, output = float(obj["arrival"]), int(obj["prompt"]), int(obj["output"])
-            prefixes = tuple((str(k), int(t)) for k, t in obj.get("prefixes", []))
-            key = str(obj.get("key", f"line{n}"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise CliError(f"--trace {path} line {n}: expected a JSON object with {TRACE_FIELDS}") from None
-        if arrival < 0 or prompt < 1 or output < 1 or any(not 0 < t <= prompt for _, t in prefixes):
-            raise CliError(
-                f"--trace {path} line {n}: arrival must be >= 0, prompt and output >= 1, each prefix 1..prompt tokens"
-            )
-        raw.append((arrival, prompt, output, tuple(sorted(prefixes, key=lambda x: x[1])), key))
-    if not raw:
-        raise CliError(f"--trace {path}: no requests")
-    raw.sort(key=lambda r: r[0])
-    return [Request(i, a, p, o, pre, k) for i, (a, p, o, pre, k) in enumerate(raw)]
+    try:
+        return traces.parse(text)
+    except ValueError as exc:
+        raise CliError(f"--trace {path} {exc}") from None
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -166,6 +154,39 @@ def as_json(s: Scenario, rep: Report, verdict: Verdict) -> dict[str, Any]:
     }
 
 
+PLOT_BARS = (
+    ("slo_attainment", "SLO attainment"),
+    ("prefill_load", "prefill load"),
+    ("decode_load", "decode load"),
+    ("wait_peer_idle_share", "wait, peer idle"),
+    ("hit_rate", "prefix hit rate"),
+    ("oracle_hit_rate", "oracle hit rate"),
+    ("kv_share_of_ttft", "KV share of TTFT"),
+)
+
+
+def plot(rep: Report, verdict: Verdict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CliError("--plot needs matplotlib (pip install matplotlib)") from None
+    reports = [("now", rep)] + ([("what-if", verdict.fix.report)] if verdict.fix else [])
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    width = 0.8 / len(reports)
+    for k, (label, r) in enumerate(reports):
+        d = r.as_dict()
+        ax.bar([i + k * width for i in range(len(PLOT_BARS))], [d[key] for key, _ in PLOT_BARS], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(PLOT_BARS))], [t for _, t in PLOT_BARS], fontsize=8)
+    ax.axhline(1.0, color="grey", linewidth=0.6)
+    ax.set_title(verdict.text(rep)[:110], fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for s in SCENARIOS.values():
@@ -175,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"name a scenario ({', '.join(SCENARIOS)}) or use --list")
     s = _scenario(args)
     requests = load_trace(args.trace) if args.trace else generate(s.workload, s.seed)
+    if args.write_trace:
+        Path(args.write_trace).write_text(traces.dump_jsonl(requests))
+        print(f"wrote {len(requests)} requests to {args.write_trace}")
+        return EXIT_OK
     params = PerfParams(layerwise_kv=args.layerwise_kv)
     start = time.process_time()
     rep, verdict = diagnose(s.pool, requests, s.policy, s.slos, params)
@@ -183,4 +208,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**as_json(s, rep, verdict), "cpuSeconds": round(cpu, 3)}, indent=1))
     else:
         print(render(s, rep, verdict), end="")
+    if args.plot:
+        plot(rep, verdict, args.plot)
     return EXIT_OK if rep.slo_met else EXIT_FAILED

@@ -4,13 +4,14 @@ timing against the performance formulas, the prefix cache, routing, the trace fo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from vgpu.perf import model as pm
 from vgpu.perf.params import LINK_GB_S, PerfParams
-from vgpu.whatif import routing
+from vgpu.whatif import routing, traces
 from vgpu.whatif.deployment import Instance, Pool, link
 from vgpu.whatif.scenarios import SCENARIOS, pd_pool
 from vgpu.whatif.sim import PrefixCache, kv_capacity_tokens, simulate
@@ -158,3 +159,39 @@ def test_cli_trace_file_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "bundled: healthy" in capsys.readouterr().err
     assert main(["validate", "healthy", "--rate", "-1"]) == 2
     assert "rate" in capsys.readouterr().err
+
+
+def test_azure_trace_is_read_with_100ns_timestamps_and_bad_rows_are_named() -> None:
+    text = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:45.0000000,879,20\n"
+    )
+    reqs = traces.parse(text)
+    assert [(r.arrival, r.prompt, r.output) for r in reqs] == [
+        (0.0, 879, 20),
+        (pytest.approx(1.68059), 374, 44),
+        (pytest.approx(5.995169), 396, 109),
+    ]
+    assert all(r.prefixes == () for r in reqs)
+    with pytest.raises(ValueError, match=r"line 3: expected 'YYYY-MM-DD HH:MM:SS\.fff,ContextTokens"):
+        traces.parse("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,1,1\nyesterday,5,5\n")
+    with pytest.raises(ValueError, match="line 2: ContextTokens and GeneratedTokens must be >= 1"):
+        traces.parse("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,0,1\n")
+
+
+def test_a_written_trace_replays_to_the_same_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "chat.jsonl"
+    assert main(["validate", "round-robin-chat", "--duration", "30", "--write-trace", str(path)]) == 0
+    s = SCENARIOS["round-robin-chat"]
+    back, orig = traces.parse(path.read_text()), generate(replace(s.workload, duration_s=30.0), s.seed)
+    assert [replace(r, arrival=0.0) for r in back] == [replace(r, arrival=0.0) for r in orig]
+    assert [r.arrival for r in back] == pytest.approx([r.arrival for r in orig], abs=1e-6)
+
+
+def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "v.png"
+    main(["validate", "few-decode", "--duration", "30", "--plot", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
