@@ -1,0 +1,557 @@
+"""Scheduling at scale through the real kube-scheduler: with our extender, and the same pods without it.
+
+On the real etcd + kube-apiserver + kube-scheduler the e2e tests build (kube_vgpu_dev), N plain Node objects each
+carry our inventory annotation for 8 GPUs. Waves of pods of mixed shapes (llm-d prefill/decode slices, whole cards,
+multi-GPU pods) are created at a fixed rate, measured until every pod is bound (or binding stops), checked, and
+deleted again (churn). Waves alternate between two arms on ONE kube-scheduler process running the shipped profile
+(deploy/scheduler/kube-scheduler-config.yaml):
+
+* ``extender``: the pods ask for vGPUs, so kube-scheduler calls the extender's filter, prioritize and bind verbs;
+* ``baseline``: the same pods (same names, labels, CPU requests, node selector) without GPU resources, so the
+  extender is not interested in them (managedResources) and kube-scheduler filters, scores and binds on its own.
+  The extender's verb counters are read before and after to prove it was not called.
+
+Alternating the arms wave by wave spreads the noise of a shared machine over both. Per arm it reports pods/s
+(bound pods over first create to last bind), creation-to-bound p50/p99 (from the client's create call to the pod's
+spec.nodeName arriving on a watch), CPU per pod of the extender, kube-scheduler, kube-apiserver and etcd (from
+/proc/<pid>/stat), the extender's RSS, and the apiserver requests each client made per pod (from the apiserver's
+audit log, written for the users vgpu-extender and system:kube-scheduler only). After each extender wave the
+apiserver's annotations are checked: no GPU over its memory, cores or sharers (over-commit), and no unbound pod left
+in bind phase ``allocating`` past the bind grace (stale reservation).
+
+    python benchmarks/scale.py --nodes 200 --pods 1000 --rate 100 --waves 2 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import platform
+import random
+import re
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kubernetes import client
+
+from kube_vgpu_dev.controlplane import ControlPlane
+from kube_vgpu_dev.stack import (
+    BIND_GRACE_S,
+    GPU_MEM,
+    SCHEDULER,
+    SPLIT,
+    Extender,
+    inventory,
+    scheduler_config,
+)
+from vgpu import annotations as ann
+
+GPUS_PER_NODE = 8
+GROUP = "kube-vgpu.scale/group"
+EXTENDER_USER = "vgpu-extender"
+SCHEDULER_USER = "system:kube-scheduler"
+ARMS = ("baseline", "extender")
+# Every key the report carries per arm; tests/e2e/test_scale_benchmark_e2e.py checks them all.
+ARM_FIELDS = (
+    "pods",
+    "bound",
+    "unbound",
+    "pods_per_s",
+    "create_rate",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "cpu_ms_per_pod",
+    "requests_per_pod",
+    "extender_verb_calls",
+    "failed_scheduling",
+)
+REPORT_FIELDS = (
+    "config",
+    "machine",
+    "arms",
+    "ratio_pods_per_s",
+    "ratio_p50",
+    "ratio_p99",
+    "extender_rss_mib",
+    "extender_peak_rss_mib",
+    "over_commits",
+    "stale_reservations",
+    "setup_s",
+)
+_AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    users: ["{EXTENDER_USER}", "{SCHEDULER_USER}"]
+  - level: None
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: int = 200
+    pods: int = 1000  # per wave
+    rate: float = 100.0  # pods created per second
+    waves: int = 2  # per arm
+    seed: int = 1
+    settle_s: float = 15.0  # a wave ends when no pod has been bound for this long
+    wave_timeout_s: float = 600.0
+
+
+@dataclass
+class Wave:
+    arm: str
+    created: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
+    verb_calls: int = 0
+    failed: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+# ---- the workload
+
+
+def shapes(cfg: Config) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """(name suffix, labels, GPU limits) per pod of a wave (each wave's pods have their own names): 60 % llm-d P/D slices, 25 % whole cards, 15 % 2- or 4-GPU pods,
+    about 0.9 GPUs a pod on average; the same sequence for every wave and arm."""
+    rng = random.Random(cfg.seed)
+    out = []
+    for i in range(cfg.pods):
+        x = rng.random()
+        labels = {"llm-d.ai/model": f"m{i % 8}"}
+        if x < 0.6:
+            mem, cores = rng.choice([(10, 10), (20, 20), (25, 30), (30, 40), (40, 50), (50, 50)])
+            labels["llm-d.ai/role"] = rng.choice(["prefill", "decode", "decode"])
+            limits = {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem-percentage": str(mem),
+                "nvidia.com/gpucores": str(cores),
+            }
+        elif x < 0.85:
+            limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100", "nvidia.com/gpucores": "100"}
+        else:
+            n = rng.choice([2, 4])
+            limits = {"nvidia.com/gpu": str(n), "nvidia.com/gpumem-percentage": "100", "nvidia.com/gpucores": "100"}
+        out.append((f"p{i:05d}", labels, limits))
+    return out
+
+
+def pod_body(name: str, labels: dict[str, str], limits: dict[str, str] | None, wave: str) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    if limits is not None:
+        resources["limits"] = limits
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {**labels, "wave": wave}},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "nodeSelector": {GROUP: "scale"},
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai:latest", "resources": resources}],
+        },
+    }
+
+
+def add_nodes(cp: ControlPlane, count: int) -> None:
+    def one(i: int) -> None:
+        name = f"gpu-{i:05d}"
+        cp.add_node(
+            name,
+            {"cpu": "256", "memory": "2Ti", "pods": "250", "nvidia.com/gpu": str(GPUS_PER_NODE * SPLIT)},
+            labels={GROUP: "scale"},
+            annotations={ann.NODE_INVENTORY: inventory(name, GPUS_PER_NODE)},
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(count)))
+
+
+# ---- measuring
+
+
+class BindWatch:
+    """Watches the namespace's pods (raw JSON, no model objects) and records when each first shows spec.nodeName."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        # Any: raw calls (_preload_content=False) return urllib3 responses, which the client's stubs do not model.
+        self.core: Any = client.CoreV1Api(cp.api_client())
+        self.namespace = namespace
+        self.bound: dict[str, float] = {}
+        self.events_seen: set[str] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        if not self.ready.wait(30):
+            raise RuntimeError("the pod watch did not start")
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:
+            if not self.stop.is_set():  # at teardown the apiserver goes away under the stream
+                raise
+
+    def _watch(self) -> None:
+        rv = self.core.list_namespaced_pod(self.namespace, limit=1).metadata.resource_version
+        while not self.stop.is_set():
+            resp = self.core.list_namespaced_pod(
+                self.namespace, watch=True, resource_version=rv, timeout_seconds=60, _preload_content=False
+            )
+            self.ready.set()
+            buf = b""
+            for chunk in resp.stream(65536, decode_content=False):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                now = time.monotonic()
+                for line in lines:
+                    if not line:
+                        continue
+                    ev = orjson.loads(line)
+                    obj = ev["object"]
+                    if ev["type"] == "ERROR":
+                        rv = self.core.list_namespaced_pod(self.namespace, limit=1).metadata.resource_version
+                        continue
+                    rv = obj["metadata"]["resourceVersion"]
+                    key = obj["metadata"]["name"]
+                    if ev["type"] != "DELETED" and obj["spec"].get("nodeName"):
+                        with self.lock:
+                            self.bound.setdefault(key, now)
+                if self.stop.is_set():
+                    break
+            resp.release_conn()
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (proc(5): fields 14 and 15 of /proc/<pid>/stat, in clock ticks)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB, from /proc/<pid>/status."""
+    got = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M))
+    return int(got["VmRSS"]) / 1024, int(got["VmHWM"]) / 1024
+
+
+class Audit:
+    """Reads the apiserver's audit log from where it last stopped: requests per user and `verb resource[/sub]`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def take(self) -> dict[str, collections.Counter[str]]:
+        seen: set[str] = set()
+        out: dict[str, collections.Counter[str]] = {
+            EXTENDER_USER: collections.Counter(),
+            SCHEDULER_USER: collections.Counter(),
+        }
+        if not self.path.exists():
+            return out
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            ev = orjson.loads(line)
+            user = ev.get("user", {}).get("username")
+            if user not in out or ev["auditID"] in seen:
+                continue
+            seen.add(ev["auditID"])  # a watch logs ResponseStarted and ResponseComplete: counted once
+            ref = ev.get("objectRef") or {}
+            what = ref.get("resource", ev.get("requestURI", "?"))
+            if ref.get("subresource"):
+                what += "/" + ref["subresource"]
+            out[user][f"{ev['verb']} {what}"] += 1
+        return out
+
+
+def extender_verb_calls(ext: Extender) -> int:
+    """filter + prioritize + bind calls the extender has answered (its /metrics histogram counts)."""
+    text = ext.probe("/metrics").decode()
+    pattern = r'^vgpu_extender_request_duration_seconds_count\{verb="(filter|prioritize|bind)"\} (\S+)$'
+    return int(sum(float(v) for _, v in re.findall(pattern, text, re.M)))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+# ---- checks from the apiserver
+
+
+def audit_pods(core: Any, namespace: str, wave: str) -> tuple[int, int]:
+    """(over-committed GPUs, stale reservations) among a wave's pods, from the apiserver's annotations."""
+    per_gpu: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    stale = 0
+    now = time.time()
+    pods = core.list_namespaced_pod(namespace, label_selector=f"wave={wave}", _preload_content=False)
+    for p in orjson.loads(pods.data)["items"]:
+        a = p["metadata"].get("annotations") or {}
+        if p["spec"].get("nodeName"):
+            assignment = ann.decode_assignment(a[ann.POD_ASSIGNMENT])
+            if assignment.node != p["spec"]["nodeName"]:
+                raise AssertionError(f"{p['metadata']['name']}: assignment on {assignment.node}, bound elsewhere")
+            for d in assignment.slices():
+                g = per_gpu[d.uuid]
+                g[0], g[1], g[2] = g[0] + d.memory_mib, g[1] + d.cores, g[2] + 1
+        elif (
+            a.get(ann.POD_BIND_PHASE) == ann.BindPhase.ALLOCATING.value
+            and now - float(a.get(ann.POD_BIND_TIME) or 0) > BIND_GRACE_S
+        ):
+            stale += 1
+    over = [(u, g) for u, g in per_gpu.items() if g[0] > GPU_MEM or g[1] > 100 or g[2] > SPLIT]
+    for u, g in over:
+        print(f"  over-commit on {u}: {g[0]} MiB, {g[1]} % cores, {g[2]} sharers", file=sys.stderr)
+    return len(over), stale
+
+
+# ---- the run
+
+
+def run_wave(
+    cfg: Config,
+    cp: ControlPlane,
+    ext: Extender,
+    watch: BindWatch,
+    audit: Audit,
+    namespace: str,
+    arm: str,
+    index: int,
+) -> tuple[Wave, int, int]:
+    """Create one wave at cfg.rate, wait until binding stops, check it (extender arm), delete it."""
+    core: Any = client.CoreV1Api(cp.api_client())
+    wave_name = f"{arm}-{index}"
+    w = Wave(arm)
+    pids = {"extender": ext.proc.pid, "kube-scheduler": cp.scheduler.pid}  # type: ignore[union-attr]
+    pids |= {p.name: p.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    calls0 = extender_verb_calls(ext)
+    audit.take()
+    bodies = [
+        (f"{wave_name}-{n}", pod_body(f"{wave_name}-{n}", labels, limits if arm == "extender" else None, wave_name))
+        for n, labels, limits in shapes(cfg)
+    ]
+    t0 = time.monotonic()
+
+    def create(i: int) -> None:
+        name, body = bodies[i]
+        due = t0 + i / cfg.rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        started = time.monotonic()
+        core.create_namespaced_pod(namespace, body, _preload_content=False)
+        w.created[name] = started
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, range(len(bodies))))
+    keys = set(w.created)
+    last_change, last_count = time.monotonic(), -1
+    while True:
+        with watch.lock:
+            count = sum(1 for k in keys if k in watch.bound)
+        now = time.monotonic()
+        if count != last_count:
+            last_change, last_count = now, count
+        if count == len(keys) or now - last_change > cfg.settle_s or now - t0 > cfg.wave_timeout_s:
+            break
+        time.sleep(0.2)
+    with watch.lock:
+        w.bound = {k: watch.bound[k] for k in keys if k in watch.bound}
+    over, stale = audit_pods(core, namespace, wave_name) if arm == "extender" else (0, 0)
+    events = orjson.loads(core.list_namespaced_event(namespace, _preload_content=False).data)["items"]
+    for e in events:
+        if (
+            e.get("reason") == "FailedScheduling"
+            and e["involvedObject"]["name"] in keys
+            and e["metadata"]["name"] not in watch.events_seen
+        ):
+            watch.events_seen.add(e["metadata"]["name"])
+            w.failed[re.sub(r"\d+", "N", e.get("message", ""))[:160]] += e.get("count") or 1
+    w.verb_calls = extender_verb_calls(ext) - calls0
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"wave={wave_name}", grace_period_seconds=0)
+    deadline = time.monotonic() + 120
+    while core.list_namespaced_pod(namespace, label_selector=f"wave={wave_name}", limit=1).items:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wave {wave_name} was not deleted in 120 s")
+        time.sleep(0.5)
+    while any(x["pod"].startswith(namespace + "/") for x in ext.get("/state")["allocations"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the extender still holds slices of wave {wave_name} 120 s after its deletion")
+        time.sleep(0.5)
+    w.cpu_s = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
+    w.requests = audit.take()
+    return w, over, stale
+
+
+def summarise(waves: list[Wave]) -> dict[str, Any]:
+    created = {k: v for w in waves for k, v in w.created.items()}
+    lat = [(w.bound[k] - w.created[k]) * 1000 for w in waves for k in w.bound]
+    pods = len(created)
+    bound = sum(len(w.bound) for w in waves)
+    span = sum(max(w.bound.values()) - min(w.created.values()) for w in waves if w.bound)
+    create_span = sum(max(w.created.values()) - min(w.created.values()) for w in waves)
+    cpu: collections.Counter[str] = collections.Counter()
+    reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for w in waves:
+        cpu.update(w.cpu_s)
+        for user, c in w.requests.items():
+            reqs[user].update(c)
+    return {
+        "pods": pods,
+        "bound": bound,
+        "unbound": pods - bound,
+        "pods_per_s": round(bound / span, 1) if span else 0.0,
+        "create_rate": round(pods / create_span, 1) if create_span else 0.0,
+        "p50_ms": round(percentile(lat, 0.50), 1),
+        "p99_ms": round(percentile(lat, 0.99), 1),
+        "max_ms": round(max(lat, default=float("nan")), 1),
+        "cpu_ms_per_pod": {k: round(v * 1000 / max(bound, 1), 2) for k, v in sorted(cpu.items())},
+        "requests_per_pod": {
+            user: {
+                "total": round(sum(c.values()) / max(bound, 1), 2),
+                **{k: round(v / max(bound, 1), 3) for k, v in sorted(c.items())},
+            }
+            for user, c in sorted(reqs.items())
+        },
+        "extender_verb_calls": sum(w.verb_calls for w in waves),
+        "failed_scheduling": dict(sum((w.failed for w in waves), collections.Counter()).most_common(3)),
+    }
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    if cfg.nodes < 1 or cfg.pods < 1 or cfg.rate <= 0 or cfg.waves < 1:
+        raise ValueError(f"--nodes, --pods, --waves must be >= 1 and --rate > 0; got {cfg}")
+    setup0 = time.monotonic()
+    cp = ControlPlane(verbosity=1)
+    cp.workdir.mkdir(parents=True, exist_ok=True)
+    (cp.workdir / "audit-policy.yaml").write_text(_AUDIT_POLICY)
+    audit_log = cp.workdir / "audit.log"
+    cp.extra_apiserver_args += [
+        f"--audit-policy-file={cp.workdir / 'audit-policy.yaml'}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+    ]
+    with cp:
+        core: Any = client.CoreV1Api(cp.api_client())
+        namespace = "scale"
+        core.create_namespace({"metadata": {"name": namespace}})
+        add_nodes(cp, cfg.nodes)
+        ext = Extender(cp)
+        ext.start()
+        cp.start_scheduler(scheduler_config(cp, ext))
+        watch = BindWatch(cp, namespace)
+        audit = Audit(audit_log)
+        setup_s = time.monotonic() - setup0
+        per_arm: dict[str, list[Wave]] = {a: [] for a in ARMS}
+        over = stale = 0
+        peak_rss = 0.0
+        try:
+            for i in range(cfg.waves):
+                for arm in ARMS:
+                    w, o, s = run_wave(cfg, cp, ext, watch, audit, namespace, arm, i)
+                    per_arm[arm].append(w)
+                    over, stale = over + o, stale + s
+                    peak_rss = max(peak_rss, rss_mib(ext.proc.pid)[1])  # type: ignore[union-attr]
+                    print(
+                        f"  wave {arm}-{i}: {len(w.bound)}/{len(w.created)} bound, "
+                        f"extender CPU {w.cpu_s['extender']:.1f} s",
+                        file=sys.stderr,
+                    )
+            rss, hwm = rss_mib(ext.proc.pid)  # type: ignore[union-attr]
+            leftover = orjson.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
+            if leftover:
+                raise AssertionError(f"{len(leftover)} pods left after the last wave was deleted")
+        finally:
+            watch.close()
+            cp.stop_scheduler()
+            if ext.proc is not None:
+                cp.stop_process(ext.proc)
+    arms = {a: summarise(ws) for a, ws in per_arm.items()}
+    b, e = arms["baseline"], arms["extender"]
+    return {
+        "config": asdict(cfg),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
+        "arms": arms,
+        "ratio_pods_per_s": round(e["pods_per_s"] / b["pods_per_s"], 3) if b["pods_per_s"] else None,
+        "ratio_p50": round(e["p50_ms"] / b["p50_ms"], 2) if b["p50_ms"] else None,
+        "ratio_p99": round(e["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] else None,
+        "extender_rss_mib": round(rss, 1),
+        "extender_peak_rss_mib": round(max(hwm, peak_rss), 1),
+        "over_commits": over,
+        "stale_reservations": stale,
+        "setup_s": round(setup_s, 1),
+    }
+
+
+def print_report(r: dict[str, Any]) -> None:
+    c = r["config"]
+    print(
+        f"scale: {c['nodes']} nodes x {GPUS_PER_NODE} GPUs, {c['waves']} waves x {c['pods']} pods per arm at "
+        f"{c['rate']:g} pods/s; {r['machine']}; setup {r['setup_s']} s"
+    )
+    print(f"{'arm':<10}{'bound':>12}{'pods/s':>9}{'create/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for arm, a in r["arms"].items():
+        print(
+            f"{arm:<10}{a['bound']:>7}/{a['pods']:<4}{a['pods_per_s']:>9}{a['create_rate']:>10}"
+            f"{a['p50_ms']:>9}{a['p99_ms']:>9}{a['max_ms']:>9}"
+        )
+    print(f"ratio extender/baseline: pods/s {r['ratio_pods_per_s']}, p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x")
+    for arm, a in r["arms"].items():
+        cpu = ", ".join(f"{k} {v}" for k, v in a["cpu_ms_per_pod"].items())
+        print(f"CPU ms per bound pod ({arm}): {cpu}")
+        for user, reqs in a["requests_per_pod"].items():
+            print(f"apiserver requests per bound pod ({arm}, {user}): {json.dumps(reqs)}")
+        print(f"extender verb calls ({arm}): {a['extender_verb_calls']}")
+        for msg, n in a["failed_scheduling"].items():
+            print(f"FailedScheduling x{n} ({arm}): {msg}")
+    print(f"extender RSS {r['extender_rss_mib']} MiB (peak {r['extender_peak_rss_mib']} MiB)")
+    print(f"over-commits {r['over_commits']}, stale reservations {r['stale_reservations']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--nodes", type=int, default=Config.nodes, help="Node objects, 8 GPUs each")
+    p.add_argument("--pods", type=int, default=Config.pods, help="pods per wave")
+    p.add_argument("--rate", type=float, default=Config.rate, help="pods created per second")
+    p.add_argument("--waves", type=int, default=Config.waves, help="waves per arm (arms alternate)")
+    p.add_argument("--seed", type=int, default=Config.seed)
+    p.add_argument("--settle", type=float, default=Config.settle_s, help="a wave ends after this long with no bind")
+    p.add_argument("--json", type=Path, help="also write the report here")
+    a = p.parse_args(argv)
+    try:
+        cfg = Config(a.nodes, a.pods, a.rate, a.waves, a.seed, a.settle)
+        report = run(cfg)
+    except ValueError as exc:
+        p.error(str(exc))
+    print_report(report)
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=2))
+    return 0 if report["over_commits"] == 0 and report["stale_reservations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
