@@ -5,6 +5,8 @@ reuse and communication, each from numbers the others do not touch. Pure.
   offered = the uncached tokens/s at the *oracle* hit rate (what no routing can avoid); decode capacity
   = the completion rate the decode slices sustain within the TPOT SLO (`vgpu.perf.model.decode_rate_within`
   at the trace's mean lengths and the KV-limited batch). Above 1, no routing fixes it.
+  Slice saturation: the busiest prefill slice's busy share and the fullest decode slice's
+  KV use (time-averaged and peak).
 - queuing: mean and p99 waits (prefill queue, decode admission) and the share of waiting done while
   a peer instance of the same role sat idle (prefill) or had KV room (decode): imbalance, not shortage.
 - cache: prompt tokens served from a prefix cache, against the oracle router's.
@@ -52,7 +54,8 @@ class Report:
     prefill_load: float  # offered uncached tokens/s at the oracle hit rate / prefill capacity
     decode_load: float  # offered req/s / decode capacity within the TPOT SLO
     prefill_busy_max: float  # busiest prefill slice's busy share
-    decode_busy_max: float
+    decode_kv_mean: float  # the fullest decode slice's time-averaged share of KV memory reserved
+    decode_kv_peak: float  # highest share of a decode slice's KV memory reserved at once
     # queuing
     prefill_wait_mean_s: float
     prefill_wait_p99_s: float
@@ -111,7 +114,8 @@ def build(pool: Pool, requests: list[Request], result: SimResult, slos: Slos, pa
         prefill_load=p_load,
         decode_load=d_load,
         prefill_busy_max=max((b for k, b in busy.items() if k in prefill_names), default=0.0),
-        decode_busy_max=max((b for k, b in busy.items() if k not in prefill_names), default=0.0),
+        decode_kv_mean=max(result.kv_mean.values(), default=0.0),
+        decode_kv_peak=max(result.kv_peak.values(), default=0.0),
         prefill_wait_mean_s=sum(waits) / n if n else 0.0,
         prefill_wait_p99_s=percentile(waits, 0.99),
         decode_wait_mean_s=sum(dwaits) / n if n else 0.0,

@@ -108,6 +108,8 @@ class SimResult:
     outcomes: list[Outcome]
     oracle_hit_tokens: int
     busy_s: dict[str, float]  # instance -> seconds busy (prefilling, or stepping)
+    kv_peak: dict[str, float]  # decode instance -> highest share of its KV memory reserved
+    kv_mean: dict[str, float]  # decode instance -> time-averaged share reserved, first arrival to last completion
     span_s: float  # first arrival to last completion
     events: int
 
@@ -167,6 +169,8 @@ class _Decode:
     finishing: list[tuple[int, int, _Req]] = field(default_factory=list)
     waiting: deque[_Req] = field(default_factory=deque)
     busy_s: float = 0.0
+    peak: int = 0  # most KV tokens reserved at once
+    area: float = 0.0  # reserved KV tokens x seconds
 
 
 _PREFILL_DONE, _KV_DONE, _STEP_DONE = 1, 2, 3
@@ -221,6 +225,7 @@ def simulate(pool: Pool, requests: list[Request], policy: routing.Policy, params
             start_step(d, now)
 
     def start_step(d: _Decode, now: float) -> None:
+        d.peak = max(d.peak, d.reserved)
         for r in d.joining:
             d.ctx += r.req.prompt
             d.batch += 1
@@ -228,6 +233,7 @@ def simulate(pool: Pool, requests: list[Request], policy: routing.Policy, params
         d.new, d.joining = d.joining, []
         d.step_s = (d.weights + d.ctx * d.kv_per_token) / d.bytes_per_s
         d.stepping = True
+        d.area += d.reserved * d.step_s
         push(now + d.step_s, _STEP_DONE, d)
 
     def fits(d: _Decode, r: _Req) -> bool:
@@ -351,4 +357,6 @@ def simulate(pool: Pool, requests: list[Request], policy: routing.Policy, params
     busy = {p.inst.name: p.busy_s for p in prefills} | {d.inst.name: d.busy_s for d in decodes}
     span = now - requests[0].arrival if requests else 0.0
     outcomes.sort(key=lambda o: o.id)
-    return SimResult(outcomes, oracle_hits, busy, span, events)
+    peak = {d.inst.name: d.peak / d.capacity if d.capacity else 1.0 for d in decodes}
+    mean = {d.inst.name: d.area / span / d.capacity if d.capacity and span > 0 else 0.0 for d in decodes}
+    return SimResult(outcomes, oracle_hits, busy, peak, mean, span, events)

@@ -62,6 +62,10 @@ def run(pool: Pool, requests: list[Request], policy: routing.Policy, slos: Slos,
     return build(pool, requests, simulate(pool, requests, policy, params), slos, params)
 
 
+def _more(k: int, role: str) -> str:
+    return f"+{k} {role} slice" + ("s" if k > 1 else "")
+
+
 def _to(load: float, count: int, target: float) -> int:
     return max(1, math.ceil(count * load / target) - count)
 
@@ -84,11 +88,11 @@ def diagnose(
     if rep.decode_load >= DECODE_LOAD_MAX:
         k = _to(rep.decode_load, rep.decode_instances, 0.8)
         cause = f"offered load is {rep.decode_load:.2f}x the decode slices' capacity within the TPOT SLO"
-        return rep, Verdict("allocation", cause, what_if(f"+{k} decode slices", pool.add("decode", k), policy))
+        return rep, Verdict("allocation", cause, what_if(_more(k, "decode"), pool.add("decode", k), policy))
     if rep.prefill_load >= PREFILL_LOAD_MAX:
         k = _to(rep.prefill_load, rep.prefill_instances, 0.7)
         cause = f"prefill work is {rep.prefill_load:.2f}x prefill capacity even at the oracle hit rate"
-        return rep, Verdict("allocation", cause, what_if(f"+{k} prefill slices", pool.add("prefill", k), policy))
+        return rep, Verdict("allocation", cause, what_if(_more(k, "prefill"), pool.add("prefill", k), policy))
     if rep.kv_share_of_ttft >= KV_SHARE_MAX and crossing:
         cause = f"KV transfer is {rep.kv_share_of_ttft:.0%} of TTFT over links that leave the node"
         return rep, Verdict(
@@ -104,7 +108,7 @@ def diagnose(
     if rep.decode_load >= rep.prefill_load:
         k = _to(max(rep.decode_load, 0.8), rep.decode_instances, 0.6)
         cause = f"decode capacity too tight for the SLO's tail (load {rep.decode_load:.2f})"
-        return rep, Verdict("allocation", cause, what_if(f"+{k} decode slices", pool.add("decode", k), policy))
+        return rep, Verdict("allocation", cause, what_if(_more(k, "decode"), pool.add("decode", k), policy))
     k = _to(max(rep.prefill_load, 0.7), rep.prefill_instances, 0.5)
     cause = f"prefill capacity too tight for the SLO's tail (load {rep.prefill_load:.2f})"
-    return rep, Verdict("allocation", cause, what_if(f"+{k} prefill slices", pool.add("prefill", k), policy))
+    return rep, Verdict("allocation", cause, what_if(_more(k, "prefill"), pool.add("prefill", k), policy))
