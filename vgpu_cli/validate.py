@@ -14,10 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vgpu.perf.params import PerfParams
+from vgpu.perf.bench import configs
+from vgpu.perf.params import H200, PerfParams
+from vgpu.perf.workload import cluster
 from vgpu.whatif import routing, traces
+from vgpu.whatif.placed import place_pool
 from vgpu.whatif.report import Report
-from vgpu.whatif.scenarios import SCENARIOS, Scenario
+from vgpu.whatif.scenarios import PLACEMENT_CASES, SCENARIOS, PlacementCase, Scenario
 from vgpu.whatif.verdict import Verdict, diagnose
 from vgpu.whatif.workload import Request, generate
 from vgpu_cli.common import EXIT_FAILED, EXIT_OK, CliError, Subparsers
@@ -36,6 +39,11 @@ def add_parser(subparsers: Subparsers) -> None:
     )
     p.add_argument("scenario", nargs="?", help=f"bundled scenario: {', '.join(SCENARIOS)}")
     p.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+    p.add_argument(
+        "--placement",
+        metavar="CASE",
+        help=f"place a deployment with the planner under each pd-bench configuration and simulate each: {', '.join(PLACEMENT_CASES)}",
+    )
     p.add_argument("--routing", choices=routing.POLICIES, help="routing policy (default: the scenario's)")
     p.add_argument("--seed", type=int, help="workload seed (default: the scenario's)")
     p.add_argument("--rate", type=float, help="requests per second (default: the scenario's)")
@@ -187,10 +195,68 @@ def plot(rep: Report, verdict: Verdict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def compare_placements(case: PlacementCase, params: PerfParams) -> list[dict[str, Any]]:
+    """One row per configuration: where the planner put the slices and what the requests saw."""
+    requests = generate(case.workload, case.seed)
+    rows: list[dict[str, Any]] = []
+    for c in configs():
+        pl = place_pool(case.target, cluster(case.nodes), c, H200, params, case.neighbours)
+        row: dict[str, Any] = {"config": c.name, "note": c.note, "unplaced": list(pl.unplaced)}
+        row["slices"] = [
+            {"name": i.name, "role": i.role, "gpu": i.gpu, "node": i.node, "smShare": round(i.sm_share, 3),
+             "slowdown": round(i.slowdown, 3)}
+            for i in pl.pool.instances
+        ]  # fmt: skip
+        if pl.pool.role("prefill") and pl.pool.role("decode"):
+            rep, verdict = diagnose(pl.pool, requests, case.policy, case.slos, params)
+            row |= {"report": rep.as_dict(), "verdict": verdict.text(rep), "layer": verdict.layer}
+        rows.append(row)
+    return rows
+
+
+def render_placements(case: PlacementCase, rows: list[dict[str, Any]]) -> str:
+    head = ["CONFIG", "P/D", "SLOWED", "SLO", "TTFT p50/p99 ms", "TPOT p99 ms", "VERDICT"]
+    table = [head]
+    for r in rows:
+        rep = r.get("report")
+        n_p = sum(x["role"] == "prefill" for x in r["slices"])
+        slowed = sum(x["slowdown"] >= 1.5 for x in r["slices"])
+        if rep is None:
+            table.append([r["config"], f"{n_p}/{len(r['slices']) - n_p}", str(slowed), "-", "-", "-", "not placed"])
+            continue
+        table.append(
+            [
+                r["config"],
+                f"{n_p}/{len(r['slices']) - n_p}",
+                str(slowed),
+                f"{rep['slo_attainment']:.0%}",
+                f"{rep['ttft_p50_s'] * 1000:.0f} / {rep['ttft_p99_s'] * 1000:.0f}",
+                f"{rep['tpot_p99_s'] * 1000:.1f}",
+                r["layer"] if rep["slo_met"] is False else "SLO met",
+            ]
+        )
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip() for t in table]
+    notes = [f"{r['config']}: {r['verdict']}" for r in rows if r.get("report") and not r["report"]["slo_met"]]
+    return f"placement case {case.name}: {case.summary}\n\n" + "\n".join([*lines, "", *notes]).rstrip() + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for s in SCENARIOS.values():
             print(f"{s.name:18} planted: {s.planted:13} {s.summary}")
+        for c in PLACEMENT_CASES.values():
+            print(f"{c.name:18} --placement         {c.summary}")
+        return EXIT_OK
+    if args.placement is not None:
+        if args.placement not in PLACEMENT_CASES:
+            raise CliError(f"--placement {args.placement!r} is unknown; bundled: {', '.join(PLACEMENT_CASES)}")
+        case = PLACEMENT_CASES[args.placement]
+        rows = compare_placements(case, PerfParams(layerwise_kv=args.layerwise_kv))
+        if args.json:
+            print(json.dumps({"case": case.name, "rows": rows}, indent=1))
+        else:
+            print(render_placements(case, rows), end="")
         return EXIT_OK
     if args.scenario is None:
         raise CliError(f"name a scenario ({', '.join(SCENARIOS)}) or use --list")

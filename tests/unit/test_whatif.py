@@ -13,7 +13,8 @@ from vgpu.perf import model as pm
 from vgpu.perf.params import LINK_GB_S, PerfParams
 from vgpu.whatif import routing, traces
 from vgpu.whatif.deployment import Instance, Pool, link
-from vgpu.whatif.scenarios import SCENARIOS, pd_pool
+from vgpu.whatif.placed import place_pool
+from vgpu.whatif.scenarios import PLACEMENT_CASES, SCENARIOS, pd_pool
 from vgpu.whatif.sim import PrefixCache, kv_capacity_tokens, simulate
 from vgpu.whatif.verdict import diagnose
 from vgpu.whatif.workload import Request, WorkloadSpec, generate, offered
@@ -195,3 +196,34 @@ def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "v.png"
     main(["validate", "few-decode", "--duration", "30", "--plot", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_placement_in_the_loop_hami_defaults_slow_slices_that_our_default_keeps_partitioned() -> None:
+    from vgpu_cli.validate import compare_placements
+
+    case = PLACEMENT_CASES["shared-node"]
+    rows = {r["config"]: r for r in compare_placements(case, PARAMS)}
+    assert set(rows) >= {"hami", "binpack", "spread", "default"}
+    for r in rows.values():
+        assert not r["unplaced"] and len(r["slices"]) == 5
+    hami, ours = rows["hami"], rows["default"]
+    assert any(x["slowdown"] >= 1.5 for x in hami["slices"])  # best-effort decode next to a prefill
+    assert all(x["slowdown"] < 1.5 for x in ours["slices"])
+    assert not hami["report"]["slo_met"] and hami["layer"] == "allocation" and "placement" in hami["verdict"]
+    assert ours["report"]["slo_met"]
+    assert hami["report"]["tpot_p99_s"] > 1.5 * ours["report"]["tpot_p99_s"]
+
+
+def test_placed_pool_carries_the_planner_slices() -> None:
+    from vgpu.perf.bench import configs
+    from vgpu.perf.params import H200
+    from vgpu.perf.workload import cluster
+
+    case = PLACEMENT_CASES["shared-node"]
+    default = next(c for c in configs() if c.name == "default")
+    pl = place_pool(case.target, cluster(1), default, H200, PARAMS, case.neighbours)
+    pool = pl.pool
+    assert len(pool.role("prefill")) == 3 and len(pool.role("decode")) == 2
+    assert all(i.node == "node-00" and i.rack == "rack-0" and i.tp == 1 for i in pool.instances)
+    assert {round(i.sm_share, 2) for i in pool.role("prefill")} == {0.4}  # nvidia.com/gpucores 40
+    assert all(i.memory_gb == pytest.approx(40960 * 1024**2 / 1e9) for i in pool.role("decode"))

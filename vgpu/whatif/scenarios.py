@@ -5,9 +5,10 @@ name, and the fixing what-if must meet the SLO. Pure data. Model and GPU from `v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vgpu.perf.params import GPUS, MODELS
+from vgpu.perf.workload import TEMPLATES, Deployment
 from vgpu.whatif import routing
 from vgpu.whatif.deployment import Instance, Pool
 from vgpu.whatif.report import Slos
@@ -110,6 +111,39 @@ SCENARIOS: dict[str, Scenario] = {
             pd_pool(2, 2, decode_rack="r1", model="llama-70b-fp8", p_share=1.0, p_mem=141.0, d_share=1.0, d_mem=141.0),
             "llm-d",
             Slos(ttft_s=0.2, tpot_s=0.05),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementCase:
+    """A deployment placed by the planner (vgpu.whatif.placed) under each of pd-bench's configurations, on
+    `nodes` 8-GPU H200 nodes after its `neighbours`; the same requests are then simulated on each placement."""
+
+    name: str
+    summary: str
+    target: Deployment
+    neighbours: tuple[Deployment, ...]
+    nodes: int
+    workload: WorkloadSpec
+    policy: routing.Policy
+    slos: Slos
+    seed: int = 1
+
+
+PLACEMENT_CASES: dict[str, PlacementCase] = {
+    c.name: c
+    for c in (
+        PlacementCase(
+            "shared-node",
+            "llama-8b 3 P + 2 D (decodes ask memory only) placed after two qwen-14b P/D deployments on one node, 24 req/s",
+            Deployment("llama", "team-a", TEMPLATES["llama-8b"], decode=2, prefill=3),
+            tuple(Deployment(f"qwen-{i}", "team-b", TEMPLATES["qwen-14b"], decode=1, prefill=3) for i in range(2)),
+            1,
+            replace(_SINGLE, rate=24.0),
+            "llm-d",
+            _SLOS,
         ),
     )
 }

@@ -9,13 +9,15 @@ Checked in this order, first match wins (a shortage hides every other cause, so 
    re-place each decode on a prefill's node.
 4. cache reuse: hit rate 10 points or more below the oracle router's; what-if: llm-d routing.
 5. queuing imbalance: a third or more of the waiting done while a peer sat idle; what-if: llm-d routing.
-6. otherwise allocation of the busier role (capacity too tight for the SLO's tail).
+6. allocation, placement: a slice runs 1.5x or more slower from what shares its GPU (unpartitioned SMs,
+   bandwidth taken by co-resident decodes; `Instance.slowdown`); what-if: the same slices without it.
+7. otherwise allocation of the busier role (capacity too tight for the SLO's tail).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from vgpu.perf.params import PerfParams
@@ -31,6 +33,7 @@ PREFILL_LOAD_MAX = 0.95
 KV_SHARE_MAX = 0.25
 CACHE_GAP_MAX = 0.10
 PEER_IDLE_MAX = 0.33
+SLOWDOWN_MAX = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,17 @@ def diagnose(
     if rep.wait_peer_idle_share >= PEER_IDLE_MAX and policy != "llm-d":
         cause = f"{rep.wait_peer_idle_share:.0%} of waiting happened while a peer instance was idle"
         return rep, Verdict("queuing", cause, what_if("llm-d routing (prefix + queue + KV scorers)", pool, "llm-d"))
+    slowed = [i for i in pool.instances if i.slowdown >= SLOWDOWN_MAX]
+    if slowed:
+        worst = max(i.slowdown for i in slowed)
+        cause = (
+            f"{len(slowed)} slice(s) run up to {worst:.1f}x slower from what shares their GPU "
+            "(unpartitioned SMs or bandwidth taken by co-resident decodes): placement"
+        )
+        alone = replace(pool, instances=tuple(replace(i, slowdown=1.0) for i in pool.instances))
+        return rep, Verdict(
+            "allocation", cause, what_if("the same slices placed without co-residence slowdown", alone, policy)
+        )
     if rep.decode_load >= rep.prefill_load:
         k = _to(max(rep.decode_load, 0.8), rep.decode_instances, 0.6)
         cause = f"decode capacity too tight for the SLO's tail (load {rep.decode_load:.2f})"
