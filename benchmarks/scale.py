@@ -75,6 +75,7 @@ ARM_FIELDS = (
     "cpu_ms_per_pod",
     "requests_per_pod",
     "extender_verb_calls",
+    "extender_ms_per_pod",
     "failed_scheduling",
 )
 REPORT_FIELDS = (
@@ -118,7 +119,7 @@ class Wave:
     bound: dict[str, float] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
-    verb_calls: int = 0
+    verbs: collections.Counter[str] = field(default_factory=collections.Counter)
     failed: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
@@ -287,11 +288,12 @@ class Audit:
         return out
 
 
-def extender_verb_calls(ext: Extender) -> int:
-    """filter + prioritize + bind calls the extender has answered (its /metrics histogram counts)."""
+def extender_verbs(ext: Extender) -> collections.Counter[str]:
+    """Calls answered and seconds spent per verb (`count filter`, `sum filter`, ...): the extender's own latency
+    histogram on /metrics, time from request read to answer inside the extender."""
     text = ext.probe("/metrics").decode()
-    pattern = r'^vgpu_extender_request_duration_seconds_count\{verb="(filter|prioritize|bind)"\} (\S+)$'
-    return int(sum(float(v) for _, v in re.findall(pattern, text, re.M)))
+    pattern = r'^vgpu_extender_request_duration_seconds_(count|sum)\{verb="(\w+)"\} (\S+)$'
+    return collections.Counter({f"{kind} {verb}": float(v) for kind, verb, v in re.findall(pattern, text, re.M)})
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -348,7 +350,7 @@ def run_wave(
     pids = {"extender": ext.proc.pid, "kube-scheduler": cp.scheduler.pid}  # type: ignore[union-attr]
     pids |= {p.name: p.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
     cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
-    calls0 = extender_verb_calls(ext)
+    verbs0 = extender_verbs(ext)
     audit.take()
     bodies = [
         (f"{wave_name}-{n}", pod_body(f"{wave_name}-{n}", labels, limits if arm == "extender" else None, wave_name))
@@ -391,7 +393,8 @@ def run_wave(
         ):
             watch.events_seen.add(e["metadata"]["name"])
             w.failed[re.sub(r"\d+", "N", e.get("message", ""))[:160]] += e.get("count") or 1
-    w.verb_calls = extender_verb_calls(ext) - calls0
+    w.verbs = extender_verbs(ext)
+    w.verbs.subtract(verbs0)
     core.delete_collection_namespaced_pod(namespace, label_selector=f"wave={wave_name}", grace_period_seconds=0)
     deadline = time.monotonic() + 120
     while core.list_namespaced_pod(namespace, label_selector=f"wave={wave_name}", limit=1).items:
@@ -415,9 +418,11 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     span = sum(max(w.bound.values()) - min(w.created.values()) for w in waves if w.bound)
     create_span = sum(max(w.created.values()) - min(w.created.values()) for w in waves)
     cpu: collections.Counter[str] = collections.Counter()
+    verbs: collections.Counter[str] = collections.Counter()
     reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for w in waves:
         cpu.update(w.cpu_s)
+        verbs.update(w.verbs)
         for user, c in w.requests.items():
             reqs[user].update(c)
     return {
@@ -437,7 +442,13 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
             }
             for user, c in sorted(reqs.items())
         },
-        "extender_verb_calls": sum(w.verb_calls for w in waves),
+        "extender_verb_calls": int(sum(verbs[f"count {v}"] for v in ("filter", "prioritize", "bind"))),
+        # Inside the extender, per bound pod: every call a pod needed (retries too), by verb.
+        "extender_ms_per_pod": {
+            k.split()[1]: round(v * 1000 / max(bound, 1), 2)
+            for k, v in sorted(verbs.items())
+            if k.startswith("sum ") and v
+        },
         "failed_scheduling": dict(sum((w.failed for w in waves), collections.Counter()).most_common(3)),
     }
 
@@ -525,7 +536,9 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"CPU ms per bound pod ({arm}): {cpu}")
         for user, reqs in a["requests_per_pod"].items():
             print(f"apiserver requests per bound pod ({arm}, {user}): {json.dumps(reqs)}")
-        print(f"extender verb calls ({arm}): {a['extender_verb_calls']}")
+        print(
+            f"extender verb calls ({arm}): {a['extender_verb_calls']}; ms inside it per bound pod: {a['extender_ms_per_pod']}"
+        )
         for msg, n in a["failed_scheduling"].items():
             print(f"FailedScheduling x{n} ({arm}): {msg}")
     print(f"extender RSS {r['extender_rss_mib']} MiB (peak {r['extender_peak_rss_mib']} MiB)")
