@@ -73,6 +73,13 @@ _LONG = WorkloadSpec(
 )
 _SLOS = Slos(ttft_s=0.5, tpot_s=0.03)
 
+
+def _uneven() -> Pool:
+    """4 prefill slices of which the first got 10 % of the SMs (its neighbour holds the rest)."""
+    pool = pd_pool(4, 4)
+    return replace(pool, instances=(replace(pool.instances[0], sm_share=0.1), *pool.instances[1:]))
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -100,6 +107,15 @@ SCENARIOS: dict[str, Scenario] = {
             "cache",
             _CHAT,
             pd_pool(4, 4, p_share=0.25, p_mem=60.0),
+            "round-robin",
+            _SLOS,
+        ),
+        Scenario(
+            "uneven-slices",
+            "4 prefill slices, one with 10 % of the SMs, routed round-robin; 16 req/s with no shared prefixes",
+            "queuing",
+            replace(_SINGLE, rate=16.0, system_tokens=0),
+            _uneven(),
             "round-robin",
             _SLOS,
         ),
