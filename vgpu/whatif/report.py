@@ -73,21 +73,29 @@ class Report:
         return asdict(self)
 
 
-def build(pool: Pool, requests: list[Request], result: SimResult, slos: Slos, params: PerfParams) -> Report:
-    outs = result.outcomes
-    n = len(outs)
-    rate, mean_prompt, mean_output = offered(requests)
-    prompt_tokens = sum(o.prompt for o in outs) or 1
-    oracle = result.oracle_hit_tokens / prompt_tokens
+def loads(
+    pool: Pool, rate: float, mean_prompt: float, mean_output: float, hit: float, slos: Slos, params: PerfParams
+) -> tuple[float, float]:
+    """(prefill load, decode load): offered work over the slices' modelled capacity; `hit` is the prefix hit
+    rate the prefill work is counted at. Shared by the simulated and the live (vgpu.whatif.live) report."""
     p_cap = sum(1.0 / prefill_s_per_token(pool, i, params) for i in pool.role("prefill"))
-    p_load = rate * mean_prompt * (1.0 - oracle) / p_cap
+    p_load = rate * mean_prompt * (1.0 - hit) / p_cap
     mean_params = params.with_(prompt_tokens=max(1, round(mean_prompt)), output_tokens=max(1, round(mean_output)))
     d_cap = 0.0
     for i in pool.role("decode"):
         batch = int(kv_capacity_tokens(pool, i, params) / max(1.0, mean_prompt + mean_output))
         gb_s = decode_bytes_per_s(pool, i, params) / 1e9
         d_cap += pm.decode_rate_within(pool.model, gb_s, batch, slos.tpot_s, mean_params)
-    d_load = rate / d_cap if d_cap else float("inf")
+    return p_load, (rate / d_cap if d_cap else float("inf"))
+
+
+def build(pool: Pool, requests: list[Request], result: SimResult, slos: Slos, params: PerfParams) -> Report:
+    outs = result.outcomes
+    n = len(outs)
+    rate, mean_prompt, mean_output = offered(requests)
+    prompt_tokens = sum(o.prompt for o in outs) or 1
+    oracle = result.oracle_hit_tokens / prompt_tokens
+    p_load, d_load = loads(pool, rate, mean_prompt, mean_output, oracle, slos, params)
     span = result.span_s or 1.0
     busy = {name: s / span for name, s in result.busy_s.items()}
     prefill_names = {i.name for i in pool.role("prefill")}
