@@ -157,7 +157,7 @@ class ExtenderService:
                 self.reservations.release_stale(info)
                 # Names without an inventory fail here with one shared message, outside the planner's per-shape
                 # caches, so a flood of unknown names costs one set lookup each and is never remembered.
-                known = [n for n in names if n in self.state.nodes]
+                known = _known(names, self.state.nodes)
                 evaluation = self._evaluate_held(args.Pod, info, known)
                 if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation
                     unknown = dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY)
@@ -227,7 +227,7 @@ class ExtenderService:
                 return schema.host_priorities({})
             with self.lock:
                 self.reservations.release_stale(info)
-                prios = self.planner.priorities_for(info, [n for n in names if n in self.state.nodes])
+                prios = self.planner.priorities_for(info, _known(names, self.state.nodes))
         except (RequestError, UnknownPolicyError):
             prios = {}
         return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
@@ -328,12 +328,18 @@ def _node_name(node: object, index: int) -> str:
     return name
 
 
+def _known(names: list[str], nodes: Mapping[str, object]) -> list[str]:
+    """The names that have an inventory, in order. `filter` with a bound `__contains__` runs in C: a Python loop over
+    5,000 names cost more than the whole no-GPU request (extender_latency.py)."""
+    return list(filter(nodes.__contains__, names))
+
+
 def _filter_result(names: list[str], items: list[dict[str, Any]] | None, evaluation: Evaluation) -> dict[str, Any]:
     """ExtenderFilterResult in the request's mode: node names, or the node objects kept in the full-NodeList mode."""
     feasible = evaluation.feasible
     if items is None:
         return schema.filter_result(
-            node_names=[n for n in names if n in feasible],
+            node_names=list(filter(feasible.__contains__, names)),  # in C, as in _known
             nodes=None,
             failed=evaluation.failed,
             unresolvable=evaluation.unresolvable,

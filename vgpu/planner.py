@@ -8,6 +8,7 @@ shape, policy epoch): after a bind only the changed node is recomputed, which is
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import zlib
@@ -30,6 +31,9 @@ MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 PriorityMapping = Literal["rank", "minmax"]
 _CACHED_SHAPES = 256
 _INCREMENTAL_LIMIT = 256  # beyond this many changed nodes a full pass is as cheap
+# Nodes a memoised evaluation keeps in rank order (the rank mapping's best ten and some more), so that after a bind
+# it re-ranks only the nodes that changed instead of all of them (5,000 nodes: ~3 ms a /prioritize).
+_RANKED = 64
 
 
 @dataclass(slots=True)
@@ -55,6 +59,7 @@ class Evaluation:
     unresolvable: dict[str, str] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)  # fine score of each feasible node
     priorities: dict[str, int] | None = None  # filled lazily by Planner.priorities
+    ranked: Ranked | None = None  # the rank mapping's order, kept up to date by Planner._refresh
 
     def best(self) -> tuple[str, NodeResult] | None:
         if not self.feasible:
@@ -117,6 +122,54 @@ def _rank(scores: dict[str, float]) -> dict[str, int]:
         tied = [n for n, s in scores.items() if s == tenth]
         order = above + heapq.nlargest(MAX_PRIORITY - len(above), tied, key=_tiebreak)
     return {n: MAX_PRIORITY - i for i, n in enumerate(order)}
+
+
+@dataclass(slots=True)
+class Ranked:
+    """The first nodes of the rank mapping's order (score, then `_tiebreak`, both descending; equal keys in the
+    scores' dict order): exactly the nodes whose key is above `bound` (every node left out is at or below it), in
+    order, followed by some at `bound`. `keys` holds each entry's negated key, ascending, for bisect."""
+
+    names: list[str]
+    keys: list[tuple[float, int]]
+    bound: tuple[float, int] | None  # None: every feasible node is in `names`
+
+    @classmethod
+    def of(cls, scores: dict[str, float], size: int) -> Ranked:
+        """The first `size` nodes, by two sorts with C-level keys: crc first, then a stable sort by score."""
+        if len(scores) <= size:
+            picked, bound = list(scores), False
+        else:
+            least = heapq.nlargest(size, scores.values())[-1]
+            picked, bound = [n for n, s in scores.items() if s >= least], True
+        picked.sort(key=_tiebreak, reverse=True)
+        picked.sort(key=scores.__getitem__, reverse=True)
+        del picked[size:]
+        keys = [(-scores[n], -_tiebreak(n)) for n in picked]
+        return cls(picked, keys, keys[-1] if bound and keys else None)
+
+    def update(self, touched: Iterable[str], scores: dict[str, float]) -> None:
+        """Nodes in `touched` changed (re-recorded at the end of `scores` in this order, or no longer feasible)."""
+        gone = set(touched)
+        keep = [i for i, n in enumerate(self.names) if n not in gone]
+        if len(keep) < len(self.names):
+            self.names = [self.names[i] for i in keep]
+            self.keys = [self.keys[i] for i in keep]
+        for name in touched:
+            score = scores.get(name)
+            if score is None:
+                continue
+            key = (-score, -_tiebreak(name))
+            if self.bound is None or key < self.bound:  # a node at the bound may follow others left out
+                at = bisect.bisect_right(self.keys, key)  # after equal keys: it is last in the dict order
+                self.keys.insert(at, key)
+                self.names.insert(at, name)
+
+    def priorities(self) -> dict[str, int] | None:
+        """The rank mapping, or None when fewer than its ten nodes are known to be in order."""
+        if len(self.names) < MAX_PRIORITY and self.bound is not None:
+            return None
+        return {n: MAX_PRIORITY - i for i, n in enumerate(self.names[:MAX_PRIORITY])}
 
 
 class Planner:
@@ -269,6 +322,8 @@ class Planner:
             self._record(ev, name, self._cached(cache, name, pod, policy, rank))
         if touched:
             ev.priorities = None
+            if ev.ranked is not None:
+                ev.ranked.update(sorted(touched), ev.scores)
         memo.version, memo.subset = self.state.version, None
         return True
 
@@ -296,7 +351,15 @@ class Planner:
 
     def priorities(self, evaluation: Evaluation) -> dict[str, int]:
         """Nodes left out of the result score 0."""
-        if evaluation.priorities is None:
+        if evaluation.priorities is None and self.config.priority_mapping == "rank":
+            ranked = evaluation.ranked
+            prios = None if ranked is None else ranked.priorities()
+            if prios is None:
+                ranked = evaluation.ranked = Ranked.of(evaluation.scores, _RANKED)
+                prios = ranked.priorities()
+                assert prios is not None
+            evaluation.priorities = prios
+        elif evaluation.priorities is None:
             evaluation.priorities = to_priorities(evaluation.scores, self.config.priority_mapping)
         return evaluation.priorities
 
