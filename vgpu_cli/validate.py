@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpu.perf.bench import configs
-from vgpu.perf.params import H200, PerfParams
+from vgpu.perf.params import GPUS, H200, MODELS, PerfParams
 from vgpu.perf.workload import cluster
 from vgpu.whatif import routing, traces
 from vgpu.whatif.placed import place_pool
@@ -61,6 +61,15 @@ def add_parser(subparsers: Subparsers) -> None:
         "--plot", metavar="FILE", help="write a PNG of the layers, now and after the what-if (needs matplotlib)"
     )
     p.add_argument("--write-trace", metavar="FILE", help="write the workload as a JSON-lines trace and exit")
+    live = p.add_argument_group("live cluster (--prometheus): the same report from metrics over a window")
+    live.add_argument("--prometheus", metavar="URL", help="read the layers from this Prometheus instead of simulating")
+    live.add_argument("--window", default="10m", help="window to read, e.g. 90s, 10m, 1h (default 10m)")
+    live.add_argument("--namespace", help="only the pods of this namespace")
+    live.add_argument("--model", help=f"the served model, for the capacity model: {', '.join(MODELS)}")
+    live.add_argument("--gpu", default="H200", help=f"GPU of the nodes: {', '.join(GPUS)} (default H200)")
+    live.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="serving engine's metric names")
+    live.add_argument("--step", type=float, default=15.0, help="seconds between gauge samples (default 15)")
+    live.add_argument("--at", type=float, help="end of the window, unix seconds (default now)")
     p.set_defaults(func=run)
 
 
@@ -119,7 +128,8 @@ def _cell(r: Report, what: str) -> str:
         "pwait": f"{r.prefill_wait_mean_s * ms:.0f} / {r.prefill_wait_p99_s * ms:.0f} ms",
         "dwait": f"{r.decode_wait_mean_s * ms:.0f} / {r.decode_wait_p99_s * ms:.0f} ms",
         "peer": f"{r.wait_peer_idle_share:.0%}",
-        "hit": f"{r.hit_rate:.0%} / {r.oracle_hit_rate:.0%}",
+        "hit": f"{r.hit_rate:.0%} / "
+        + ("n/a" if r.oracle_hit_rate != r.oracle_hit_rate else f"{r.oracle_hit_rate:.0%}"),
         "kv": f"{r.kv_share_of_ttft:.0%} ({r.kv_mean_s * ms:.0f} ms)",
     }
     return cells[what]
@@ -242,6 +252,10 @@ def render_placements(case: PlacementCase, rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus is not None:
+        from vgpu_cli import validate_live
+
+        return validate_live.run(args)
     if args.list:
         for s in SCENARIOS.values():
             print(f"{s.name:18} planted: {s.planted:13} {s.summary}")
