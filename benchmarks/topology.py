@@ -14,6 +14,7 @@ on one NUMA node, on one NUMA node at all, pods refused, mean GPUs holding a sli
 the arrivals), the GPU-equivalents held, and the planner's time per pod. Ratios are on / off.
 
     python benchmarks/topology.py [--seeds 42-46] [--pods 3000] [--load 0.85] [--json out.json]
+    python benchmarks/topology.py --seeds 42-51 --whole-node-cost 0   # also the default before the whole-node cost
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import vgpu.topology
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.planner import Planner
@@ -115,7 +117,24 @@ class Result:
     pods: int = 0
 
 
-def run(seed: int, config: PlacementConfig, nodes: list[NodeInventory], pods: list[tuple[PodInfo, int]]) -> Result:
+def run(
+    seed: int,
+    config: PlacementConfig,
+    nodes: list[NodeInventory],
+    pods: list[tuple[PodInfo, int]],
+    whole_node_cost: float | None = None,
+) -> Result:
+    """One configuration over the pods; `whole_node_cost` replaces vgpu.topology.WHOLE_NODE_COST for this run."""
+    default_cost = vgpu.topology.WHOLE_NODE_COST
+    if whole_node_cost is not None:
+        vgpu.topology.WHOLE_NODE_COST = whole_node_cost
+    try:
+        return _run(config, nodes, pods)
+    finally:
+        vgpu.topology.WHOLE_NODE_COST = default_cost
+
+
+def _run(config: PlacementConfig, nodes: list[NodeInventory], pods: list[tuple[PodInfo, int]]) -> Result:
     state = ClusterState(config)
     for inv in nodes:
         state.upsert_node(inv)
@@ -176,6 +195,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "ms_per_pod": 1000 * sum(r.seconds for r in results) / sum(r.pods for r in results),
         "per_seed_nvlink_share": [round(_share(r.tp_nvlink, r.tp_placed), 4) for r in results],
         "per_seed_gpus_used": [round(statistics.fmean(r.gpus_used), 2) for r in results],
+        "per_seed_refused": [r.refused for r in results],
     }
 
 
@@ -187,23 +207,30 @@ def main() -> None:
     p.add_argument("--load", type=float, default=0.85, help="mean share of GPUs held (default: %(default)s)")
     p.add_argument("--policy", default="default", help="node policy (default: %(default)s)")
     p.add_argument("--weight", type=float, action="append", default=[], help="also run topology_weight W (repeatable)")
+    p.add_argument(
+        "--whole-node-cost", type=float, action="append", default=[], help="also run WHOLE_NODE_COST C (repeatable)"
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = p.parse_args()
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
     nodes = cluster(args.nodes_per_kind)
     gpus = sum(len(n.gpus) for n in nodes)
-    configs = {
-        "topology off (before)": PlacementConfig(node_policy=args.policy, topology=False),
-        "topology on (default)": PlacementConfig(node_policy=args.policy),
-        **{f"topology weight {w:g}": PlacementConfig(node_policy=args.policy, topology_weight=w) for w in args.weight},
+    configs: dict[str, tuple[PlacementConfig, float | None]] = {
+        "topology off (before)": (PlacementConfig(node_policy=args.policy, topology=False), None),
+        "topology on (default)": (PlacementConfig(node_policy=args.policy), None),
+        **{
+            f"topology weight {w:g}": (PlacementConfig(node_policy=args.policy, topology_weight=w), None)
+            for w in args.weight
+        },
+        **{f"whole-node cost {c:g}": (PlacementConfig(node_policy=args.policy), c) for c in args.whole_node_cost},
     }
     results: dict[str, list[Result]] = {name: [] for name in configs}
     t0 = time.perf_counter()
     for seed in seeds:
         pods = workload(seed, args.pods, gpus, args.load)
-        for name, config in configs.items():
-            results[name].append(run(seed, config, nodes, pods))
+        for name, (config, cost) in configs.items():
+            results[name].append(run(seed, config, nodes, pods, cost))
     wall = time.perf_counter() - t0
     table = {name: summary(rs) for name, rs in results.items()}
     print(
@@ -223,7 +250,7 @@ def main() -> None:
     for name, s in table.items():
         by_size = ", ".join(f"TP{k} {v:.1%}" for k, v in s["tp_nvlink_share_by_size"].items())
         refused = ", ".join(f"{k} {v}" for k, v in sorted(s["refused_by_shape"].items()))
-        print(f"  {name}: on NVLink by size: {by_size}; refused: {refused}")
+        print(f"  {name}: on NVLink by size: {by_size}; refused: {refused}; per seed {s['per_seed_refused']}")
     ratios = {
         "tp_nvlink_share": _share_f(on["tp_nvlink_share"], off["tp_nvlink_share"]),
         "tp_one_numa_share": _share_f(on["tp_one_numa_share"], off["tp_one_numa_share"]),

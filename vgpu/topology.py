@@ -35,8 +35,8 @@ class Link(IntEnum):
 
 
 # The node score's topology term for a multi-GPU container's set, times PlacementConfig.topology_weight (2): a
-# node policy scores in [0, 1], so any NVLink set (>= 0.75 x 2) outscores every set without one (<= 0.25 x 2)
-# whatever the policy says, while one NUMA node over two is worth half the policy's range.
+# node policy scores in [0, 1], so an NVLink set (>= 0.75 x 2) on a node in use outscores every set without one
+# (<= 0.25 x 2) whatever the policy says, while one NUMA node over two is worth half the policy's range.
 LINK_SCORE = {Link.NVLINK: 1.0, Link.NVLINK_CROSS_NUMA: 0.75, Link.NUMA: 0.25, Link.NONE: 0.0}
 # Added to an NVLink set's LINK_SCORE (placement_score): FIT_BONUS x the share of its NVLink domain it takes, so a
 # TP2 pod takes a bridged pair (2 of 2: the whole bonus) before 2 GPUs of an NVSwitch node (2 of 8) that a TP8
@@ -45,6 +45,15 @@ LINK_SCORE = {Link.NVLINK: 1.0, Link.NVLINK_CROSS_NUMA: 0.75, Link.NUMA: 0.25, L
 # terms' (vgpu pd-bench, all NVSwitch: the default's rows unchanged). Measured in docs/topology.md.
 FIT_BONUS = 0.5
 IDLE_BONUS = 0.05
+# Subtracted from the term of the sets of a pod that breaks a whole idle node (every GPU idle, the pod takes fewer).
+# A TP8 pod needs such a node; without this cost the term drew TP4 / TP2 pods onto idle NVSwitch nodes (and onto
+# idle nodes that give one NUMA node) ahead of the policy's packing, and 22 % more pods were refused, most of them
+# TP8. At 1.25 a set that breaks an idle node scores about what a set without NVLink scores on a node in use (a
+# TP4 on an idle NVSwitch node 0.025, a TP2 on an idle bridged node 0.3, times the weight; one NUMA node on a node
+# in use 0.25, across two 0), so whether to break it is mostly the policy's call (FGD counts the TP8 shapes it would strand), while on nodes in use, and for a pod that
+# takes a node whole, NVLink still wins outright. Measured 0.5 / 0.75 / 1 / 1.25 / 2 (docs/topology.md): from 1.25
+# refusals are back to topology off. Flat nodes (openb) get one constant term, idle or not: nothing changes there.
+WHOLE_NODE_COST = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,21 +180,26 @@ def placement_score(
     topo: NodeTopology, containers: Sequence[ContainerAssignment], idle: Callable[[], set[str]]
 ) -> float | None:
     """Mean over the containers that hold more than one slice of `LINK_SCORE` plus, for an NVLink set, the fit
-    bonuses; None when no container holds more than one slice (a single-GPU pod scores no topology term, so its
-    node order is the policy's alone). `idle`: the node's GPUs that hold no slice, asked for only when needed."""
+    bonuses, less `WHOLE_NODE_COST` when the set breaks a whole idle node; None when no container holds more than
+    one slice (a single-GPU pod scores no topology term, so its node order is the policy's alone). `idle`: the
+    node's GPUs that hold no slice, asked for only when needed (never on a flat node)."""
+    if all(len(c.devices) < 2 for c in containers):
+        return None
+    if topo.flat:  # every set alike: the same term on every flat node
+        return LINK_SCORE[Link.NUMA]
+    idle_now = idle()
+    taken = {d.uuid for c in containers for d in c.devices}
+    cost = WHOLE_NODE_COST if len(taken) < len(topo.numa) == len(idle_now) else 0.0
     scores: list[float] = []
-    idle_now: set[str] | None = None
     for c in containers:
         if len(c.devices) < 2:
             continue
         uuids = [d.uuid for d in c.devices]
         link = topo.link(uuids)
-        score = LINK_SCORE[link]
+        score = LINK_SCORE[link] - cost
         if link <= Link.NVLINK_CROSS_NUMA:
-            if idle_now is None:
-                idle_now = idle()
             domain = max((cl for cl in topo.cliques if cl.issuperset(uuids)), key=len)
             k = len(uuids)
             score += FIT_BONUS * k / len(domain) + IDLE_BONUS * k / max(k, len(domain & idle_now))
         scores.append(score)
-    return sum(scores) / len(scores) if scores else None
+    return sum(scores) / len(scores)

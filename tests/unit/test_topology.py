@@ -20,7 +20,7 @@ from vgpu.planner import Planner
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import ClusterState, GpuUsage, slice_blocker
-from vgpu.topology import Link, choose, node_topology
+from vgpu.topology import WHOLE_NODE_COST, Link, choose, node_topology
 
 REQUIRE = {ann.POD_REQUIRE_NVLINK: "true"}
 
@@ -318,7 +318,9 @@ def test_property_the_best_node_gives_an_nvlink_set_when_a_node_can(
         return
     best = max(ev.scores, key=lambda n: ev.scores[n])
     linked = {n for n in ev.feasible if _best_possible(s, n, count, memory) <= Link.NVLINK_CROSS_NUMA}
-    if linked:
+    # A node already in use, or one the pod takes whole: no WHOLE_NODE_COST, so its NVLink set beats any other.
+    in_use = {n for n, (inv, used) in (("a", a), ("b", b)) if any(used) or count >= len(inv.gpus)}
+    if linked & in_use:
         assert best in linked
         placement = ev.feasible[best].placement
         assert placement is not None
@@ -354,3 +356,55 @@ def test_tp2_takes_a_bridged_pair_before_breaking_an_idle_nvswitch_node() -> Non
     s.apply("default/half", make_assignment("nvs", [(i, GPU_MEM, 100) for i in range(4)]))
     ev4 = plan.evaluate(make_info(gpu=4))
     assert ev4.scores["nvs"] > ev4.scores["bridged"]  # 4 of the 4 idle NVSwitch GPUs: a snug fit
+
+
+def _term(state: ClusterState, pod: PodInfo) -> dict[str, float]:
+    """Each feasible node's topology term: its score less the same node's score with topology off."""
+    on = Planner(state).evaluate(pod).scores
+    state.config = PlacementConfig(topology=False)
+    try:
+        off = Planner(state).evaluate(pod).scores
+    finally:
+        state.config = PlacementConfig()
+    return {n: on[n] - off[n] for n in on}
+
+
+def test_a_tp_pod_fills_a_node_in_use_before_breaking_an_idle_one() -> None:
+    """A TP8 needs a whole idle node: a TP4 takes an equally connected set on a node in use first."""
+    s = _state(_nvswitch("idle"), _nvswitch("used"), _node("pcie-idle", 8, numa=[0] * 4 + [1] * 4))
+    s.apply("default/half", make_assignment("used", [(i, GPU_MEM, 100) for i in range(4)]))
+    ev = Planner(s).evaluate(make_info(gpu=4))
+    assert max(ev.scores, key=lambda n: ev.scores[n]) == "used"
+    term = _term(s, make_info(gpu=4))
+    assert term["used"] == pytest.approx(2 * (1 + 0.5 * 4 / 8 + 0.05 * 4 / 4))
+    assert term["idle"] == pytest.approx(2 * (1 + 0.5 * 4 / 8 + 0.05 * 4 / 8 - WHOLE_NODE_COST))
+    assert term["pcie-idle"] == pytest.approx(2 * (0.25 - WHOLE_NODE_COST))
+    tp8 = _term(s, make_info(gpu=8))  # a pod that takes a node whole breaks nothing: NVLink leads as before
+    assert set(tp8) == {"idle", "pcie-idle"}
+    assert tp8["idle"] == pytest.approx(2 * (0.75 + 0.5 + 0.05)) and tp8["pcie-idle"] == 0
+
+
+def test_a_one_numa_set_on_an_idle_node_no_longer_beats_a_node_in_use() -> None:
+    """Before the whole-node cost an idle PCIe node (4 GPUs on one NUMA node) outscored a used one by 0.5."""
+    numa = [0] * 4 + [1] * 4
+    s = _state(_node("idle", 8, numa=numa), _node("used", 8, numa=numa))
+    s.apply("default/spread", make_assignment("used", [(i, GPU_MEM, 100) for i in (0, 1, 4, 5)]))
+    term = _term(s, make_info(gpu=4))
+    assert term == pytest.approx({"used": 0.0, "idle": 2 * (0.25 - WHOLE_NODE_COST)})  # across NUMA vs one NUMA
+
+
+def test_breaking_an_idle_nvswitch_node_for_a_tp2_weighs_less_than_a_bridged_pair_in_use() -> None:
+    s = _state(_nvswitch("nvs"), _pairs("bridged"))
+    s.apply("default/one", make_assignment("bridged", [(0, GPU_MEM, 100)]))
+    term = _term(s, make_info(gpu=2))
+    assert term["bridged"] == pytest.approx(2 * (1 + 0.5 + 0.05))
+    assert term["nvs"] == pytest.approx(2 * (1 + 0.5 * 2 / 8 + 0.05 * 2 / 8 - WHOLE_NODE_COST))
+    assert term["bridged"] - term["nvs"] > 2  # more than the policy's whole range: the pair in use wins
+
+
+def test_flat_nodes_score_alike_idle_or_in_use() -> None:
+    """openb's nodes have no topology: the term is one constant whether a node is idle or not."""
+    s = _state(_node("idle", 8), _node("used", 8))
+    s.apply("default/one", make_assignment("used", [(0, GPU_MEM // 2, 10)]))
+    assert s.nodes["idle"].topology.flat and s.nodes["used"].topology.flat
+    assert _term(s, make_info(gpu=2)) == pytest.approx({"idle": 2 * 0.25, "used": 2 * 0.25})

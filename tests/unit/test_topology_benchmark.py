@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import vgpu.topology
 from vgpu.config import PlacementConfig
 from vgpu.topology import node_topology
 
@@ -45,7 +46,19 @@ def test_topology_on_puts_more_tp_pods_on_nvlink_on_the_same_pods() -> None:
 def test_the_script_prints_the_ratios_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seeds", "42", "--pods", "200", "--nodes-per-kind", "2", "--json", str(out)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--seeds",
+            "42",
+            "--pods",
+            "200",
+            "--nodes-per-kind",
+            "2",
+            "--json",
+            str(out),
+            *("--whole-node-cost", "0"),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -53,5 +66,14 @@ def test_the_script_prints_the_ratios_and_writes_json(tmp_path: Path) -> None:
     )
     assert "ratios on/off: tp_nvlink_share" in r.stdout
     doc = json.loads(out.read_text())
-    assert set(doc["results"]) == {"topology off (before)", "topology on (default)"}
+    assert set(doc["results"]) == {"topology off (before)", "topology on (default)", "whole-node cost 0"}
+    assert len(doc["results"]["whole-node cost 0"]["per_seed_refused"]) == 1
     assert doc["ratios"]["gpus_used"] > 0
+
+
+def test_a_run_with_another_whole_node_cost_puts_the_default_back() -> None:
+    mod = _module()
+    nodes = mod.cluster(1)
+    pods = mod.workload(3, 60, sum(len(n.gpus) for n in nodes), 0.8)
+    mod.run(3, PlacementConfig(), nodes, pods, whole_node_cost=0.0)
+    assert vgpu.topology.WHOLE_NODE_COST == 1.25
