@@ -156,7 +156,9 @@ def test_a_slow_client_is_cut_after_the_read_deadline_while_probes_answer(extend
     assert closed is not None and READ_TIMEOUT_S - 0.05 <= closed < READ_TIMEOUT_S + 2
     started = time.perf_counter()
     assert httpx.get(f"{extender}/healthz").status_code == 200
-    assert time.perf_counter() - started < 0.1
+    # Well under the read deadline, so not queued behind a slow client; the 100 ms p99 target is measured
+    # under attack by benchmarks/http_robustness.py, not here (2 loaded cores have answered in 110 ms).
+    assert time.perf_counter() - started < READ_TIMEOUT_S / 2
 
 
 # -- the webhook ----------------------------------------------------------------------------------------------------
