@@ -120,7 +120,7 @@ def slices(prom: Prom, namespace: str | None) -> list[Slice]:
         pod = m.get("pod", "")
         out.append(
             Slice(pod, role, float(r["value"][1]), mem.get(pod, 0.0) / 1e9, m.get("UUID", pod), m.get("Hostname", ""))
-        )  # type: ignore[arg-type]
+        )
     return out
 
 
