@@ -175,6 +175,8 @@ class ClusterState:
         self.version = 0
         # (state version after the change, node name): lets callers refresh only what changed.
         self._changes: list[tuple[int, str]] = []
+        # Moves only when a node name joins or leaves `nodes`: callers may keep which names are known until then.
+        self.names_version = 0
 
     _CHANGE_LOG = 4096
 
@@ -208,6 +210,7 @@ class ClusterState:
         # The cluster version it is about to get: a node that is removed and comes back never
         # repeats a version a cache may still hold (node versions never exceed the cluster's).
         node.version = self.version + 1
+        self.names_version += old is None
         self.nodes[inventory.name] = node
         self._changed(inventory.name)
         pending = dict(old.pods) if old else {}
@@ -221,6 +224,7 @@ class ClusterState:
         node = self.nodes.pop(name, None)
         if node is None:
             return
+        self.names_version += 1
         self._changed(name)
         for key, a in node.pods.items():
             self.assignments.pop(key, None)

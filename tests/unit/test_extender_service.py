@@ -319,3 +319,21 @@ def test_seeded_pods_count_towards_the_bootstrap() -> None:
     now[0] = 11.0
     svc.filter(schema.ExtenderArgs(Pod=_pod("later", 10), NodeNames=["a"]))
     assert observed[LEARN_BOOTSTRAP:] == ["next", "later"]
+
+
+def test_the_same_names_asked_again_see_a_node_that_joined_or_left(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    """The verbs keep which of the names they were last asked about have an inventory; a node joining or leaving
+    must show in the very next answer to the same names."""
+    svc, _binder = setup
+    names = ["a", "b", "c"]
+    first = svc.filter(schema.ExtenderArgs(Pod=_pod("p1", 10), NodeNames=list(names)))
+    assert first["NodeNames"] == ["a", "b"] and "c" in first["FailedNodes"]
+    svc.state.upsert_node(NodeInventory("c", (GpuDevice("GPU-c-0", 0, "H100", 81920),)))
+    pod = _pod("p2", 10)
+    joined = svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=list(names)))
+    assert joined["NodeNames"] == ["a", "b", "c"] and joined["FailedNodes"] == {}
+    svc.state.remove_node("a")
+    prios = svc.prioritize(schema.ExtenderArgs(Pod=pod, NodeNames=list(joined["NodeNames"])))
+    assert prios and {h["Host"] for h in prios} <= {"b", "c"}
+    left = svc.filter(schema.ExtenderArgs(Pod=_pod("p3", 10), NodeNames=list(names)))
+    assert left["NodeNames"] == ["b", "c"] and "a" in left["FailedNodes"]
