@@ -241,7 +241,7 @@ class Planner:
         return NodeResult(fit, score=score)
 
     def _memo_for(
-        self, pod: PodInfo, names: list[str], name_set: set[str] | None = None
+        self, pod: PodInfo, names: list[str]
     ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
         policy, rank = self._resolve(pod)
@@ -260,7 +260,7 @@ class Planner:
             self._memo.move_to_end(key)
             if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
                 memo = None
-        if memo is None or (memo.names != names and not memo.name_set >= (name_set or set(names))):
+        if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):  # no set built
             out = Evaluation()
             for name in names:
                 self._record(out, name, self._cached(cache, name, pod, policy, rank))
@@ -298,10 +298,9 @@ class Planner:
         """0..10 priorities of the nodes kube-scheduler asks about (normally exactly those that passed
         /filter, whose scaling is then the memoised one; any other set is scaled over itself). Every key
         is one of `node_names`; nodes left out score 0."""
-        asked = set(node_names)
-        memo = self._memo_for(pod, node_names, asked)[0]
+        memo = self._memo_for(pod, node_names)[0]
         feasible = memo.evaluation.feasible
-        if len(asked) == len(feasible) and asked <= feasible.keys():
+        if len(node_names) == len(feasible) and feasible.keys() == set(node_names):  # exactly the feasible nodes
             return self.priorities(memo.evaluation)
         return self.priorities(self.evaluate(pod, node_names))
 
