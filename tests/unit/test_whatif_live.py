@@ -122,6 +122,7 @@ def test_pool_from_slices_orders_roles_and_treats_best_effort_as_the_whole_gpu()
         (["--window", "ten"], "--window 'ten'"),
         (["--model", "gpt-9"], "--model 'gpt-9'"),
         ([], "live mode needs --routing"),
+        (["--step", "1"], "--prometheus http://127.0.0.1:1: "),  # nothing listens there
     ],
 )
 def test_live_mode_bad_arguments_name_what_is_wrong(
