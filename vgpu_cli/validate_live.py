@@ -124,6 +124,12 @@ def slices(prom: Prom, namespace: str | None) -> list[Slice]:
     return out
 
 
+def ttft(prom: Prom, names: tuple[str, ...], namespace: str | None, w: str) -> Histogram:
+    """The router's end-to-end TTFT where it exports one, else the engine's on the decode pods."""
+    h = histogram(prom, (live.ROUTER_TTFT,), _sel(namespace), w)
+    return h if h.count > 0 else histogram(prom, names, _sel(namespace, "decode"), w)
+
+
 def read_window(prom: Prom, engine: Engine, namespace: str | None, seconds: float, step: float) -> Window:
     names = live.NAMES[engine]
     w = f"{round(seconds)}s"
@@ -131,7 +137,7 @@ def read_window(prom: Prom, engine: Engine, namespace: str | None, seconds: floa
     return Window(
         seconds=seconds,
         arrivals=counter(prom, (live.ROUTER_REQUESTS,), _sel(namespace), w),
-        ttft=histogram(prom, names["ttft"], dec, w),
+        ttft=ttft(prom, names["ttft"], namespace, w),
         tpot=histogram(prom, names["tpot"], dec, w),
         prefill_queue=histogram(prom, names["queue"], pre, w),
         decode_queue=histogram(prom, names["queue"], dec, w),

@@ -3,9 +3,9 @@ format (histograms with _bucket/_sum/_count, vLLM's bucket bounds), plus the rou
 our slice metrics, in real time from `start`: each request's events land when the simulation says they
 happen (vgpu.whatif.live.NAMES for the names and their sources).
 
-Per request (the simulation's Outcome): prefill pod: queue time and prefix-cache queries/hits when its
+Per request (the simulation's Outcome): router: end-to-end TTFT at the first token; prefill pod: queue time and prefix-cache queries/hits when its
 prefill starts, waiting/running gauges; decode pod: KV transfer (NIXL) when it lands, queue time at
-admission, TTFT at the first token, per-request TPOT and token-count histograms at completion,
+admission, TTFT counted from the hand-over after prefill (as vLLM on a P/D decode pod counts it), per-request TPOT and token-count histograms at completion,
 waiting/running gauges and KV-cache use (reserved tokens over the slice's KV capacity).
 """
 
@@ -52,7 +52,8 @@ class Replay:
             raw[(o.prefill, "prefix_hits")].append((start, float(o.hit_tokens)))
             raw[(o.decode, "kv_xfer")].append((kv_end, o.kv_s))
             raw[(o.decode, "queue")].append((admit, o.decode_wait))
-            raw[(o.decode, "ttft")].append((first, o.ttft))
+            raw[(o.decode, "ttft")].append((first, first - pdone))  # decode vLLM's view: from the hand-over
+            raw[("router", "ttft")].append((first, o.ttft))
             raw[(o.decode, "tpot")].append((done, o.tpot))
             raw[(o.decode, "prompt")].append((done, float(o.prompt)))
             raw[(o.decode, "output")].append((done, float(o.output)))
@@ -78,6 +79,14 @@ class Replay:
         out += [f"# TYPE {live.ROUTER_REQUESTS} counter",
                 f'{live.ROUTER_REQUESTS}{{model_name="{self.model}",namespace="{self.ns}"}} {n}']  # fmt: skip
         names = live.NAMES["vllm"]
+        out.append(f"# TYPE {live.ROUTER_TTFT} histogram")
+        ob = self.obs.get(("router", "ttft"), _Obs([], []))
+        k = bisect.bisect_right(ob.times, t)
+        lab = f'model_name="{self.model}",namespace="{self.ns}"'
+        for b in (*live.TTFT_BUCKETS, math.inf):
+            le = "+Inf" if math.isinf(b) else repr(float(b))
+            out.append(f'{live.ROUTER_TTFT}_bucket{{{lab},le="{le}"}} {sum(1 for v in ob.values[:k] if v <= b)}')
+        out += [f"{live.ROUTER_TTFT}_sum{{{lab}}} {sum(ob.values[:k])!r}", f"{live.ROUTER_TTFT}_count{{{lab}}} {k}"]
         hists = {"ttft": live.TTFT_BUCKETS, "tpot": live.TPOT_BUCKETS, "queue": live.LATENCY_BUCKETS,
                  "kv_xfer": live.XFER_BUCKETS, "prompt": PROMPT_BUCKETS, "output": PROMPT_BUCKETS}  # fmt: skip
         for key, bounds in hists.items():

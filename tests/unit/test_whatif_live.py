@@ -57,8 +57,8 @@ def window_from_replay(rp: Replay, seconds: float, step: float = 1.0) -> Window:
     m = _parse(rp.text(seconds))
     names = live.NAMES["vllm"]
 
-    def hist(key: str, role: str) -> Histogram:
-        name = names[key][0]
+    def hist(key: str, role: str, name: str = "") -> Histogram:
+        name = name or names[key][0]
         b = m[(f"{name}_bucket", role)]
         buckets = tuple(sorted((float(le), v) for le, v in b.items()))
         return Histogram(buckets, m[(f"{name}_sum", role)][""], m[(f"{name}_count", role)][""])
@@ -68,7 +68,7 @@ def window_from_replay(rp: Replay, seconds: float, step: float = 1.0) -> Window:
     return Window(
         seconds=seconds,
         arrivals=m[(live.ROUTER_REQUESTS, "")][""],
-        ttft=hist("ttft", "decode"),
+        ttft=hist("ttft", "", live.ROUTER_TTFT),
         tpot=hist("tpot", "decode"),
         prefill_queue=hist("queue", "prefill"),
         decode_queue=hist("queue", "decode"),
@@ -101,6 +101,17 @@ def test_replayed_scenario_gives_the_simulations_verdict(name: str) -> None:
     assert f is not None and f.layer == s.planted, (rep, f)
     assert rep.oracle_hit_rate == pytest.approx(offline.oracle_hit_rate)
     assert abs(rep.ttft_attainment - offline.ttft_attainment) < 0.1
+    engine_ttft = hist_of(rp, REPLAYED[name] + 2)
+    assert engine_ttft.count == w.ttft.count and engine_ttft.mean() < w.ttft.mean()
+
+
+def hist_of(rp: Replay, seconds: float) -> Histogram:
+    """The decode pods' own vLLM TTFT: it misses the prefill part under P/D."""
+    m = _parse(rp.text(seconds))
+    name = live.NAMES["vllm"]["ttft"][0]
+    b = m[(f"{name}_bucket", "decode")]
+    return Histogram(tuple(sorted((float(le), v) for le, v in b.items())), m[(f"{name}_sum", "decode")][""],
+                     m[(f"{name}_count", "decode")][""])  # fmt: skip
 
 
 def test_pool_from_slices_orders_roles_and_treats_best_effort_as_the_whole_gpu() -> None:

@@ -68,6 +68,10 @@ NAMES: dict[Engine, dict[str, tuple[str, ...]]] = {
     },
 }
 ROUTER_REQUESTS = "inference_objective_request_total"
+# The endpoint picker's end-to-end TTFT histogram (listed in llm-d's monitoring docs among the EPP's request
+# histograms). Preferred over the engine's: under P/D the decode pod's vLLM counts from when the routing
+# sidecar hands it the request, after the prefill pod is done, so its TTFT misses the prefill part.
+ROUTER_TTFT = "inference_extension_request_ttft_duration_seconds"
 # Our slice metrics (docs/telemetry.md), labels pod, role, Hostname, UUID.
 SLICE_SM = "vgpu_slice_cores_quota_ratio"
 SLICE_MEMORY = "vgpu_slice_memory_limit_bytes"
