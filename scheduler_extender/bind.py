@@ -88,6 +88,15 @@ class BindVerb:
                         namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
                     )
                 self._bind_checked(args, uid)
+        except BindOutcomeUnknown as exc:
+            with self.lock:
+                self.reservations.unsettled(key)
+            return self._bind_failed(
+                key,
+                args.Node,
+                f"binding outcome unknown: {exc}; its slices stay held until the pod shows bound or its "
+                f"reservation expires ({self.reservations.sync.bind_grace_s:g} s)",
+            )
         except Exception as exc:
             with deadline.within(min(answer_by, calls_by + rollback_budget(self.timeout_s))):
                 self._roll_back(args, uid, assignment, reason=str(exc))
@@ -125,17 +134,28 @@ class BindVerb:
             raise Refused(str(exc)) from None
 
     def _bind_checked(self, args: schema.ExtenderBindingArgs, uid: str) -> None:
-        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have)."""
+        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have). Raises
+        BindOutcomeUnknown when it may have landed unseen: freeing its slices then lets the next pod onto a GPU
+        this one may be running on (seen under apiserver overload by benchmarks/scale.py)."""
         try:
             self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid, node=args.Node)
-        except Exception:
+        except Exception as exc:
             try:
                 pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
-            except Exception:
-                pod = None
-            if pod is None or bound_node(pod) != args.Node:
-                raise
-            log.info("binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"})
+            except Exception as check:
+                raise BindOutcomeUnknown(
+                    f"{_describe(exc)}; reading the pod to see whether it landed failed too: {_describe(check)}"
+                ) from exc
+            if pod is not None and bound_node(pod) == args.Node:
+                log.info(
+                    "binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"}
+                )
+                return
+            if pod is not None and not bound_node(pod) and _may_still_land(exc):
+                raise BindOutcomeUnknown(
+                    f"{_describe(exc)}; the pod reads unbound, but the Binding sent may still be applied"
+                ) from exc
+            raise
 
     def _roll_back(
         self, args: schema.ExtenderBindingArgs, uid: str, assignment: Assignment | None, *, reason: str
@@ -155,6 +175,16 @@ class BindVerb:
         self.metrics.bind_failure()
         log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
         return schema.binding_result(f"bind {key} to {node}: {reason}")
+
+
+class BindOutcomeUnknown(Exception):
+    """The Binding may or may not have landed; the message says what failed."""
+
+
+def _may_still_land(exc: Exception) -> bool:
+    """A call that got no HTTP answer (timeout, reset) may still be applied by the apiserver; one refused with a
+    status (409, 403, ...) was not."""
+    return getattr(exc, "status", None) is None
 
 
 def _describe(exc: Exception) -> str:

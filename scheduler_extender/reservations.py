@@ -40,6 +40,8 @@ class Reservations:
         self._freed = on_freed
         self._count = on_count
         self._inflight: set[str] = set()  # pods whose bind is between `reserve` and `bound`/`roll_back`
+        # Pods whose Binding may have landed unseen (`unsettled`): held until the watch shows them or the grace ends.
+        self._unknown: set[str] = set()
 
     def __contains__(self, key: object) -> bool:
         """A bind of this pod is in flight."""
@@ -94,11 +96,27 @@ class Reservations:
             self.sync.settle()
             self._freed()  # others may have been rejected while this bind held the slices
 
+    def unsettled(self, key: str) -> None:
+        """The Binding's outcome is unknown (its call timed out and the check whether it landed failed or could
+        not rule it out): the pod may be bound and running on these slices, so they stay held as an unbound
+        reservation — counted until the watch shows the pod bound (then it holds them) or the bind grace passes
+        on this extender's clock — and its own retry through /filter does not free them early."""
+        self._inflight.discard(key)
+        self._count(len(self._inflight))
+        if self.state.assignments.get(key) is not None or key in self.state.orphans:
+            self.sync.hold_unbound(key)
+            self._unknown.add(key)
+
     def release_stale(self, info: PodInfo) -> None:
         """Before evaluating a pod: expire reservations past their grace, and drop this pod's own unbound
         reservation, which a failed earlier bind of it left (it is being scheduled again)."""
         self.expire()
-        if info.key in self.sync.unbound and not info.node_name and info.key not in self._inflight:
+        if (
+            info.key in self.sync.unbound
+            and not info.node_name
+            and info.key not in self._inflight
+            and info.key not in self._unknown
+        ):
             # Only an unbound reservation: a /filter body naming a bound pod never frees that pod's slices.
             del self.sync.unbound[info.key]
             self.state.release(info.key)
@@ -107,3 +125,4 @@ class Reservations:
         """Release the reservations of binds that never completed within the grace."""
         if self.sync.unbound and self.sync.expire_unbound():
             self._freed()
+        self._unknown.intersection_update(self.sync.unbound)

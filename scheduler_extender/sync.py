@@ -167,6 +167,10 @@ class StateSync:
         self.first_seen[key] = self.clock()
         self.contested.pop(key, None)
 
+    def hold_unbound(self, key: str) -> None:
+        """Keep this pod's slices as an unbound reservation until the bind grace, from our own bind's start."""
+        self.unbound[key] = self.first_seen.setdefault(key, self.clock()) + self.bind_grace_s
+
     def _forget(self, key: str) -> None:
         self.unbound.pop(key, None)
         self.first_seen.pop(key, None)

@@ -22,6 +22,14 @@ from vgpu.pod import PodInfo, pod_info
 from vgpu.state import ClusterState
 
 
+class Refusal(Exception):
+    """An apiserver answer with a status (as kubernetes.client.ApiException carries): nothing was applied."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"({status}) {reason}")
+        self.status = status
+
+
 class FakeBinder:
     """In-memory apiserver stand-in that can be told to fail each step."""
 
@@ -31,8 +39,13 @@ class FakeBinder:
         self.failed: list[str] = []
         self.fail_write = self.fail_bind = False
         self.bind_lands_anyway = False
+        self.bind_times_out = False  # no answer, nothing applied (yet): the outcome is unknown to the extender
+        self.get_fails = False  # reads fail once a Binding was tried: the check whether it landed fails too
+        self.bind_tried = False
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.get_fails and self.bind_tried:
+            raise TimeoutError("read timed out")
         return self.pods.get(f"{namespace}/{name}")
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
@@ -41,10 +54,13 @@ class FakeBinder:
         self.written[f"{namespace}/{name}"] = assignment
 
     def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        self.bind_tried = True
         if self.bind_lands_anyway:
             self.pods[f"{namespace}/{name}"]["spec"]["nodeName"] = node
-        if self.fail_bind or self.bind_lands_anyway:
+        if self.bind_lands_anyway or self.bind_times_out:
             raise TimeoutError("binding timed out")
+        if self.fail_bind:
+            raise Refusal(500, "apiserver said 500")
         self.pods[f"{namespace}/{name}"]["spec"]["nodeName"] = node
 
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
@@ -100,6 +116,58 @@ def test_a_failed_write_or_binding_releases_and_marks_failed(
     assert "ns/p" not in svc.state.assignments and not len(svc.reservations)
     assert binder.failed == ["ns/p"]
     assert svc.state.totals()["memory_used_mib"] == 0
+
+
+@pytest.mark.parametrize("check", ["reads_unbound", "read_fails"])
+def test_a_binding_whose_outcome_is_unknown_keeps_its_slices_until_the_grace(
+    check: str,
+) -> None:
+    """A Binding that got no answer may still be applied: freeing its slices let the next pod onto a GPU this one
+    then ran on (over-commits under apiserver overload, benchmarks/scale.py). They stay held, also against the
+    pod's own retry through /filter, until the watch shows the pod bound or the grace passes."""
+    now = [1000.0]
+    binder = FakeBinder()
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_grace_s=30))
+    svc.sync.clock = lambda: now[0]
+    pod = _pod("p", pct=100)
+    binder.pods["ns/p"] = pod
+    binder.bind_times_out = True
+    binder.get_fails = check == "read_fails"
+    err = _bind(svc, pod, "a")
+    assert "binding outcome unknown" in err and "stay held" in err
+    held = svc.state.assignments["ns/p"]
+    assert binder.failed == [] and not len(svc.reservations)
+
+    binder.bind_times_out = binder.get_fails = False
+    svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a"]))  # its own retry does not free them
+    assert svc.state.assignments["ns/p"] == held
+    others = [_pod(f"o{i}", pct=100) for i in range(2)]
+    for other in others:
+        binder.pods[f"ns/{other['metadata']['name']}"] = other
+    errors = [_bind(svc, other, "a") for other in others]
+    assert sum(e == "" for e in errors) == 1, errors  # node a has 2 GPUs: one is still held for p
+
+    now[0] = 1031.0  # the Binding never showed up within the grace: released
+    svc.expire_unbound()
+    assert "ns/p" not in svc.state.assignments
+
+
+def test_an_unknown_binding_that_shows_bound_keeps_its_slices(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    binder.bind_times_out = True
+    assert "binding outcome unknown" in _bind(svc, pod, "a")
+    held = svc.state.assignments["ns/p"]
+    landed = copy.deepcopy(pod)  # the apiserver applied it after all; the watch brings the pod with its assignment
+    landed["spec"]["nodeName"] = "a"
+    landed["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(held),
+        ann.POD_BIND_PHASE: "allocating",
+    }
+    svc.pod_event("MODIFIED", landed)
+    svc.expire_unbound()
+    assert svc.state.assignments["ns/p"] == held and "ns/p" not in svc.sync.unbound
 
 
 def test_a_binding_that_timed_out_but_landed_counts_as_bound(setup: tuple[ExtenderService, FakeBinder]) -> None:
