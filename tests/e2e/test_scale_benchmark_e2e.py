@@ -57,10 +57,5 @@ def test_no_stale_reservation(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    reason="known extender bug, see docs/performance.md: a Binding POST that times out at the client after the "
-    "apiserver stored it is taken as failed, the slice is released and handed to the next pod",
-    strict=False,
-)
 def test_no_over_commit(report: dict[str, Any]) -> None:
     assert report["over_commits"] == 0
