@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,7 +26,7 @@ REQUIRE = {ann.POD_REQUIRE_NVLINK: "true"}
 
 
 def _node(
-    name: str, n: int, links: Iterable[tuple[int, int]] = (), numa: list[int | None] | None = None
+    name: str, n: int, links: Iterable[tuple[int, int]] = (), numa: Sequence[int | None] | None = None
 ) -> NodeInventory:
     """`n` GPUs `<name>-g<i>`; each link (a, b) is listed on `a` only (the other end is implied)."""
     peers: dict[int, list[str]] = {i: [] for i in range(n)}
