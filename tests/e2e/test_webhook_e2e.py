@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from vgpu.annotations import NODE_INVENTORY, decode_inventory
+from vgpu.annotations import NODE_INVENTORY, POD_USE_GPU_MODELS, decode_inventory
 from webhook import cert_job, certs
 from webhook.config import WebhookConfig
 from webhook.inventory import NodeAnnotationInventory
@@ -44,6 +44,10 @@ def _pod(name: str) -> dict[str, Any]:
     return pod
 
 
+# This module's card: a model no other e2e module puts in the shared cluster, so pods pinned to it size exactly.
+MODEL = "NVIDIA-H100-PCIe"
+
+
 @pytest.fixture
 def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     from kubernetes import client
@@ -55,7 +59,7 @@ def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iter
     tag = uuid.uuid4().hex[:6]
     # A node whose device plugin advertised 2 x 81559 MiB GPUs.
     node = f"wh-{tag}"
-    cp.add_node(node, annotations=node_annotation([("NVIDIA-H100-80GB-HBM3", 81559)] * 2, node))
+    cp.add_node(node, annotations=node_annotation([(MODEL, 81559)] * 2, node))
     opted_out = f"{namespace}-off"
     core.create_namespace({"metadata": {"name": opted_out, "labels": {"vgpu.io/webhook": "disabled"}}})
 
@@ -128,22 +132,30 @@ def test_pods_come_back_mutated(webhook: dict[str, Any], file: str, role: str, s
     assert stored.spec.scheduler_name == "vgpu-scheduler"
 
 
+def _on_this_card(file: str) -> dict[str, Any]:
+    """The corpus pod pinned to this module's card, so the fractions are exact whatever GPU nodes other e2e
+    modules of the session left in the cluster (a MiB request is sized for the largest card it may get)."""
+    pod = _pod(file)
+    pod["metadata"].setdefault("annotations", {})[POD_USE_GPU_MODELS] = MODEL
+    return pod
+
+
 def test_model_servers_stored_with_their_memory_flag(webhook: dict[str, Any], control_plane: ControlPlane) -> None:
     """The apiserver applies the webhook's args patches: an entry appended to a command-only SGLang pod, a shell
-    line rewritten in place for vLLM (one H100 size in this cluster: exact fractions, docs/model-servers.md); a
+    line rewritten in place for vLLM (pinned to one H100 size: exact fractions, docs/model-servers.md); a
     user's own fraction is kept and kubectl prints why it does not fit."""
     core = webhook["core"]
-    sglang = core.create_namespaced_pod(webhook["ns"], _pod("sglang-prefill.yaml"))
+    sglang = core.create_namespaced_pod(webhook["ns"], _on_this_card("sglang-prefill.yaml"))
     # 60 % of 81559 MiB = 48935, less SGLang's reserve for chunked prefill 8192, tp 2 (14080): / 81559.
     assert sglang.spec.containers[0].args == ["--mem-fraction-static=0.4273"]
     assert sglang.spec.containers[0].command == _pod("sglang-prefill.yaml")["spec"]["containers"][0]["command"]
-    vllm = core.create_namespaced_pod(webhook["ns"], _pod("vllm-decode-kv-consumer.yaml"))
+    vllm = core.create_namespaced_pod(webhook["ns"], _on_this_card("vllm-decode-kv-consumer.yaml"))
     (line,) = vllm.spec.containers[0].args
     # (30000 - 1500 margin) / 81559
     assert line.startswith("vllm serve --gpu-memory-utilization=0.3494 Qwen/Qwen2.5-7B-Instruct --port 8100")
     stored = core.read_namespaced_pod(vllm.metadata.name, webhook["ns"])
     assert stored.spec.containers[0].args == [line]
-    own = _pod("vllm-user-fraction.yaml")
+    own = _on_this_card("vllm-user-fraction.yaml")
     result = control_plane.kubectl("create", "-n", webhook["ns"], "-f", "-", input=yaml.safe_dump(own))
     assert (
         "Warning: container 'vllm': --gpu-memory-utilization=0.9 (kept as set) lets the server take 73404 MiB of a "
