@@ -23,7 +23,7 @@ from vgpu.whatif.workload import generate
 from vgpu_cli.main import main
 
 PARAMS = PerfParams()
-REPLAYED = {"few-decode": 60.0, "uneven-slices": 60.0, "round-robin-chat": 120.0}
+REPLAYED = {"few-decode": 60.0, "uneven-slices": 60.0, "healthy": 60.0, "round-robin-chat": 120.0, "cross-rack": 120.0}
 _LINE = re.compile(r"^([\w:]+)\{([^}]*)\} (\S+)$")
 
 
@@ -98,9 +98,11 @@ def test_replayed_scenario_gives_the_simulations_verdict(name: str) -> None:
     cache = sum(kv_capacity_tokens(s.pool, i, PARAMS) for i in s.pool.role("prefill"))
     rep = live.build(s.pool, w, s.slos, PARAMS, live.oracle_hit_rate(reqs, cache))
     f = judge(rep, s.pool, s.policy)
-    assert f is not None and f.layer == s.planted, (rep, f)
+    assert (f.layer if f else "none") == s.planted, (rep, f)
     assert rep.oracle_hit_rate == pytest.approx(offline.oracle_hit_rate)
-    assert abs(rep.ttft_attainment - offline.ttft_attainment) < 0.1
+    # within 10 points; 15 where the SLO falls between vLLM's bucket bounds (cross-rack's 0.2 s: 0.1-0.25)
+    tol = 0.1 if s.slos.ttft_s in live.TTFT_BUCKETS else 0.15
+    assert abs(rep.ttft_attainment - offline.ttft_attainment) < tol, (rep.ttft_attainment, offline.ttft_attainment)
     engine_ttft = hist_of(rp, REPLAYED[name] + 2)
     assert engine_ttft.count == w.ttft.count and engine_ttft.mean() < w.ttft.mean()
 
