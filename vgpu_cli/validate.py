@@ -60,6 +60,16 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument(
         "--plot", metavar="FILE", help="write a PNG of the layers, now and after the what-if (needs matplotlib)"
     )
+    own = p.add_argument_group(
+        "your deployment (--deployment): pods placed by the planner on a cluster file, then simulated per model pool"
+    )
+    own.add_argument("--deployment", metavar="PODS.yaml", help="Kubernetes Pod YAML of the model pools' pods")
+    own.add_argument(
+        "--cluster",
+        metavar="CLUSTER.yaml",
+        help="cluster file (docs/cluster-file.md; default the bundled demo cluster)",
+    )
+    own.add_argument("--config", default="default", help="placement configuration (pd-bench's; default: ours)")
     p.add_argument("--write-trace", metavar="FILE", help="write the workload as a JSON-lines trace and exit")
     live = p.add_argument_group("live cluster (--prometheus): the same report from metrics over a window")
     live.add_argument("--prometheus", metavar="URL", help="read the layers from this Prometheus instead of simulating")
@@ -272,6 +282,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(render_placements(case, rows), end="")
         return EXIT_OK
+    if args.cluster is not None and args.deployment is None:
+        raise CliError("--cluster needs --deployment PODS.yaml (the pods to place on it)")
+    if args.deployment is not None:
+        from vgpu_cli import validate_deploy
+
+        s = _scenario(argparse.Namespace(**{**vars(args), "scenario": args.scenario or "healthy"}))
+        requests = load_trace(args.trace) if args.trace else generate(s.workload, s.seed)
+        return validate_deploy.run(args, s, requests)
     if args.scenario is None:
         raise CliError(f"name a scenario ({', '.join(SCENARIOS)}) or use --list")
     s = _scenario(args)

@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vgpu.config import ResourceNames
+from vgpu.annotations import Assignment
+from vgpu.config import PlacementConfig, ResourceNames
 from vgpu.devices import NodeInventory
 from vgpu.perf import cluster
 from vgpu.perf.bench import BenchConfig
 from vgpu.perf.params import GpuSpec, PerfParams
 from vgpu.perf.workload import RACK_LABEL, Deployment, pod
 from vgpu.planner import Planner
-from vgpu.pod import pod_info
+from vgpu.pod import PodInfo, pod_info
 from vgpu.roles import Role
 from vgpu.simulate import Placed, build_state, place
+from vgpu.state import ClusterState
 from vgpu.whatif.deployment import Instance, Pool
 
 
@@ -62,10 +64,16 @@ def place_pool(
             info = pod_info(manifest, names, config.defaults)
             if not isinstance(place(planner, info), Placed) and dep is target:
                 unplaced.append(info.key)
+    instances = _instances(state, target.identity, params)
+    return Placement(config.name, Pool(target.template.model, gpu, tuple(instances)), tuple(unplaced))
+
+
+def _instances(state: ClusterState, identity: str, params: PerfParams) -> list[Instance]:
+    """The placed prefill and decode slices of the pool `identity`, with SM share and slowdown on their GPUs."""
     views = {u.device.uuid: cluster.gpu_view(u, params) for n in state.nodes.values() for u in n.gpus if u.holders}
     instances: list[Instance] = []
     for key, a in sorted(state.assignments.items()):
-        if a.model != target.identity or a.role not in (Role.PREFILL, Role.DECODE):
+        if a.model != identity or a.role not in (Role.PREFILL, Role.DECODE):
             continue
         slices = a.slices()
         prefill = a.role is Role.PREFILL
@@ -84,4 +92,32 @@ def place_pool(
                 slowdown=slow,
             )
         )
-    return Placement(config.name, Pool(target.template.model, gpu, tuple(instances)), tuple(unplaced))
+    return instances
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedPods:
+    """Each model pool's placed instances (by model identity, in first-seen order) and what was not placed."""
+
+    pools: dict[str, list[Instance]]
+    unplaced: dict[str, str]  # pod key -> why the planner did not place it
+
+
+def place_pods(
+    pods: Sequence[PodInfo],
+    nodes: Sequence[NodeInventory],
+    allocations: Sequence[tuple[str, Assignment]],
+    config: PlacementConfig,
+    params: PerfParams,
+) -> PlacedPods:
+    """Place the user's pods in order on a cluster already holding `allocations`, as the extender would;
+    pods of a model pool (vgpu.roles.model_identity) come back grouped by pool."""
+    state = build_state(nodes, allocations, config=config)
+    planner = Planner(state)
+    unplaced: dict[str, str] = {}
+    for info in pods:
+        result = place(planner, info)
+        if not isinstance(result, Placed):
+            unplaced[info.key] = result.reason
+    models = list(dict.fromkeys(i.model for i in pods if i.model is not None))
+    return PlacedPods({m: _instances(state, m, params) for m in models}, unplaced)
