@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from vgpu.config import ResourceNames
+from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.devices import NodeInventory
 from vgpu.errors import RequestError
 from vgpu.perf.bench import configs
@@ -41,14 +41,17 @@ def _model_texts(manifest: dict[str, Any], identity: str) -> list[str]:
     return texts
 
 
-def _parse(name: str, manifests: list[dict[str, Any]]) -> tuple[list[PodInfo], dict[str, Any]]:
-    """PodInfos in file order and each pool's model spec; CliError naming the file, pod and field."""
+def _parse(
+    name: str, manifests: list[dict[str, Any]], defaults: RequestDefaults
+) -> tuple[list[PodInfo], dict[str, Any]]:
+    """PodInfos in file order (with the configuration's request defaults, as pd-bench parses them) and each
+    pool's model spec; CliError naming the file, pod and field."""
     infos: list[PodInfo] = []
     models: dict[str, Any] = {}
     for m in manifests:
         pod_name = m["metadata"]["name"]
         try:
-            info = pod_info(m, ResourceNames())
+            info = pod_info(m, ResourceNames(), defaults)
         except RequestError as exc:
             raise CliError(f"{name}: pod {pod_name}: {exc}") from None
         infos.append(info)
@@ -85,9 +88,13 @@ def _pool_row(
     if not instances:
         row["notSimulated"] = "no prefill or decode pod of this pool was placed"
         return row, None
-    gpu_model = _gpu_model(nodes, instances[0].gpu)
+    gpu_models = sorted({_gpu_model(nodes, i.gpu) for i in instances})
+    gpu_model = gpu_models[0]
+    row["gpu"] = "+".join(gpu_models)
+    if len(gpu_models) > 1:
+        row["notSimulated"] = f"slices on different GPU models {gpu_models}: the simulation takes one GPU spec per pool"
+        return row, None
     gpu = match_gpu(gpu_model)
-    row["gpu"] = gpu_model
     if gpu is None:
         row["notSimulated"] = f"GPU model {gpu_model!r} has no performance spec (known: {', '.join(GPUS)})"
         return row, None
@@ -105,7 +112,7 @@ def run(args: argparse.Namespace, scenario: Any, requests: list[Request]) -> int
         raise CliError(f"--config {args.config!r} is unknown; choose one of: {', '.join(CONFIGS)}")
     nodes, allocations = files.load_cluster(args.cluster)
     manifests = files.load_workload(args.deployment)
-    infos, models = _parse(args.deployment, manifests)
+    infos, models = _parse(args.deployment, manifests, CONFIGS[args.config].defaults)
     params = PerfParams(layerwise_kv=args.layerwise_kv)
     placed = place_pods(infos, nodes, allocations, CONFIGS[args.config].placement, params)
     rows: list[dict[str, Any]] = []

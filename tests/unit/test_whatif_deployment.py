@@ -89,6 +89,10 @@ def test_the_shipped_example_on_the_bundled_cluster_gives_one_row_per_pool(capsy
     assert "report" not in qwen and "no prefill instance" in qwen["notSimulated"]
     assert "default/too-big" in data["unplaced"] and data["notInPool"] == ["default/too-big"]
     assert code == (0 if llama["report"]["slo_met"] else 1)
+    # under HAMi's defaults the planner puts the pool elsewhere (the demo's A100s, which have no spec): said so
+    main(["validate", "--deployment", EXAMPLE, "--duration", "30", "--config", "hami", "--json"])
+    hami = json.loads(capsys.readouterr().out)["pools"][0]
+    assert hami["gpu"] != "H100-80GB" and "performance spec" in hami["notSimulated"]
     main(["validate", "--deployment", EXAMPLE, "--duration", "30"])
     text = capsys.readouterr().out
     assert "default/llama-3.1-8b-instruct  llama-8b  H100-80GB  1/2" in text and "unplaced default/too-big" in text
