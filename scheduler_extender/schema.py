@@ -40,6 +40,13 @@ class ExtenderPreemptionArgs(_Wire):
     NodeNameToMetaVictims: dict[str, Any] | None = None
 
 
+def event_safe(text: str) -> str:
+    """A message kube-scheduler may put in a FailedScheduling event, without `%`: kubernetes v1.34
+    pkg/scheduler/schedule_one.go `handleSchedulingFailure` passes the failure text as the *format* of
+    `EventRecorder.Eventf`, so "50% memory" would read "50%!m(MISSING)emory" (seen in benchmarks/scale.py)."""
+    return text.replace("%", " percent") if "%" in text else text
+
+
 def filter_result(
     *,
     node_names: list[str] | None,
@@ -52,9 +59,9 @@ def filter_result(
     return {
         "Nodes": None if nodes is None else {"metadata": {}, "items": nodes},
         "NodeNames": node_names,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": unresolvable,
-        "Error": error,
+        "FailedNodes": {node: event_safe(why) for node, why in failed.items()},
+        "FailedAndUnresolvableNodes": {node: event_safe(why) for node, why in unresolvable.items()},
+        "Error": event_safe(error),
     }
 
 
@@ -67,4 +74,4 @@ def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def binding_result(error: str = "") -> dict[str, str]:
-    return {"Error": error}
+    return {"Error": event_safe(error)}

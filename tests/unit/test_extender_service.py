@@ -405,3 +405,16 @@ def test_the_same_names_asked_again_see_a_node_that_joined_or_left(setup: tuple[
     assert prios and {h["Host"] for h in prios} <= {"b", "c"}
     left = svc.filter(schema.ExtenderArgs(Pod=_pod("p3", 10), NodeNames=list(names)))
     assert left["NodeNames"] == ["b", "c"] and "a" in left["FailedNodes"]
+
+
+def test_messages_to_kube_scheduler_carry_no_format_verbs() -> None:
+    """kube-scheduler formats its FailedScheduling event with the failure text as the format string: a `%` in a
+    filter reason or a bind error would be mangled ("%!m(MISSING)"), so none reaches it; the meaning stays."""
+    svc = ExtenderService(_state(), FakeBinder())
+    too_big = _pod("big", pct=100)
+    too_big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "4"  # 2 GPUs per node here
+    result = svc.filter(schema.ExtenderArgs(Pod=too_big, NodeNames=["a", "b"]))
+    reasons = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert set(reasons) == {"a", "b"}
+    assert all("%" not in why and "percent" in why for why in reasons.values()), reasons
+    assert schema.binding_result("bind ns/p to a: 100% cores")["Error"] == "bind ns/p to a: 100 percent cores"
