@@ -85,9 +85,9 @@ def hami_priority_given(pod: Mapping[str, Any], container: str, resource: str) -
 
 
 def runtime_priority(pod: Mapping[str, Any], container: str, *, resource: str, online_min: int) -> int:
-    """RUNTIME_HIGH or RUNTIME_LOW for one container: its own HAMi priority when it states one (the pod author's
-    explicit word, as HAMi reads it), else high when the pod's PriorityClass value is at least `online_min`."""
+    """RUNTIME_HIGH or RUNTIME_LOW for one container: high when the pod's PriorityClass value is at least
+    `online_min`. The container's own HAMi priority may lower that, never raise it: the pod author writes it, and
+    on GPUs shared between tenants a batch pod must not claim an online pod's runtime priority (HAMi lets it)."""
+    by_class = RUNTIME_HIGH if spec_priority(pod) >= online_min else RUNTIME_LOW
     given = hami_priority_given(pod, container, resource)
-    if given is not None:
-        return given
-    return RUNTIME_HIGH if spec_priority(pod) >= online_min else RUNTIME_LOW
+    return by_class if given is None else max(by_class, given)

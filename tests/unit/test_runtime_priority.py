@@ -49,9 +49,11 @@ def test_the_threshold_is_the_operators() -> None:
 
 @pytest.mark.parametrize(
     ("priority", "given", "expected"),
-    [(100000, "1", RUNTIME_LOW), (100, "0", RUNTIME_HIGH), (100, 0, RUNTIME_HIGH), (100000, "0", RUNTIME_HIGH)],
+    [(100000, "1", RUNTIME_LOW), (100, "0", RUNTIME_LOW), (100, 0, RUNTIME_LOW), (100000, "0", RUNTIME_HIGH)],
 )
-def test_the_containers_own_hami_priority_overrides_the_class(priority: int, given: Any, expected: int) -> None:
+def test_the_containers_own_hami_priority_lowers_but_never_raises_the_class(
+    priority: int, given: Any, expected: int
+) -> None:
     assert runtime_priority(_pod(priority, limits={RES: given}), "vllm", resource=RES, online_min=1000) == expected
 
 
@@ -106,6 +108,6 @@ def test_the_device_plugin_keeps_spec_priority_and_nothing_else_new() -> None:
     }
     spec = pod_record(pod).spec
     assert spec == {"spec": {"priority": 100000, "containers": [{"name": "vllm", "resources": {"limits": {RES: "1"}}}]}}
-    assert runtime_priority(spec, "vllm", resource=RES, online_min=1000) == RUNTIME_LOW  # its own word wins
+    assert runtime_priority(spec, "vllm", resource=RES, online_min=1000) == RUNTIME_LOW  # its own word lowers it
     del pod["spec"]["priority"]
     assert "priority" not in pod_record(pod).spec["spec"]
