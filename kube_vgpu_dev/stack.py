@@ -118,7 +118,8 @@ class Extender:
         self.proc: ManagedProcess | None = None
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, *, ready_timeout_s: float = 60.0) -> None:
+        """Start the process and wait until /readyz says ok (its state synced from the apiserver)."""
         self.starts += 1
         argv = [
             sys.executable,
@@ -147,7 +148,7 @@ class Extender:
             *self.args,
         ]
         self.proc = self.cp.spawn(f"{self.name}-{self.starts}", argv, env={"PYTHONPATH": str(ROOT)})
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             try:
                 if self.probe("/readyz") == b"ok":
@@ -156,7 +157,7 @@ class Extender:
                 pass
             if not self.proc.alive():
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise RuntimeError(f"extender not ready:\n{self.proc.tail()}")
 
     def kill(self) -> None:
