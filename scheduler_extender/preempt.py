@@ -17,6 +17,16 @@ slice (they were chosen for CPU or memory). When our books say the pod fits alre
 After preemption kube-scheduler writes the preemptor's status.nominatedNodeName. `Books.nominated` holds those
 pods; /filter evaluates a pod with every nominated pod of at least its priority placed on its nominated node
 (as kube-scheduler's in-tree filters do), so a lower-priority pod cannot take the slices freed for the preemptor.
+Two windows are closed besides:
+- Between our answer and the watch showing the nomination: kube-scheduler (v1.34, SchedulerAsyncPreemption on by
+  default) deletes the victims from a goroutine while its failure handler writes nominatedNodeName, and our watch
+  may show the victims gone first. The nodes we answered hold the preemptor from the answer on (`Books.pending`)
+  until the watch shows its nomination, its binding or its deletion, or `PENDING_NOMINATION_S` passes.
+- While the victims terminate the preemptor does not fit yet, so it cannot hold slices; a lower-priority pod that
+  fits in the partly freed room would take it for good (once it is gone, kube-scheduler's in-tree dry run finds the
+  preemptor fits without victims and never calls our preempt verb again). So a node where the preemptor would fit
+  once its terminating pods (or the victims we chose) are gone is closed to lower-priority GPU pods meanwhile,
+  as kube-scheduler's in-tree filters count a nominated pod's requests whether or not the node has room yet.
 """
 
 from __future__ import annotations
@@ -35,12 +45,15 @@ from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.fit import NodePlacement, fit_node
 from vgpu.planner import Planner
 from vgpu.pod import PodInfo, bound_node, is_finished, pod_key
-from vgpu.preemption import VictimFacts, choose_victims
+from vgpu.preemption import VictimFacts, choose_victims, without
 from vgpu.priority import Priority, spec_priority
 from vgpu.state import ClusterState
 
 log = logging.getLogger(__name__)
 
+# How long an answered preemption holds its nodes before the watch shows the nomination (normally milliseconds;
+# kube-scheduler v1.34 writes nominatedNodeName in the same scheduling cycle as our answer).
+PENDING_NOMINATION_S = 30.0
 BUDGET_S = 3.0  # of kube-scheduler's 5 s extender httpTimeout (deploy/scheduler/kube-scheduler-config.yaml)
 _NOMINATED = "nominated:"  # state key prefix of a nominated pod's stand-in placement during one /filter
 
@@ -78,21 +91,51 @@ def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A preemptor's claim on a node: nominated there (or answered and not yet nominated), with the pods whose
+    departure lets it fit (our chosen victims; the node's terminating pods count too)."""
+
+    node: str
+    pod: Mapping[str, Any]
+    victims: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What `nominations_held` did: stand-ins placed, and nodes closed to the pod (node -> reason)."""
+
+    placed: int
+    closed: dict[str, str]
+
+
 class Books:
     """Kept from the pod watch under the service lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.pods: dict[str, PodMeta] = {}
         self.nominated: dict[str, tuple[str, Mapping[str, Any]]] = {}  # key -> (node, pod object)
+        self.terminating: set[str] = set()  # pods with a deletionTimestamp, still holding their slices
+        # Preemptor key -> (its claims on the nodes we answered, until when): before the watch shows the nomination.
+        self.pending: dict[str, tuple[list[Claim], float]] = {}
+        self.clock = clock
 
     def pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
         key = pod_key(pod)
         if kind == "DELETED" or is_finished(pod):
             self.pods.pop(key, None)
             self.nominated.pop(key, None)
+            self.terminating.discard(key)
+            self.pending.pop(key, None)
             return
         self.pods[key] = pod_meta(pod)
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            self.terminating.add(key)
+        else:
+            self.terminating.discard(key)
         node = str((pod.get("status") or {}).get("nominatedNodeName") or "")
+        if node or bound_node(pod):
+            self.pending.pop(key, None)
         if node and not bound_node(pod):
             self.nominated[key] = (node, pod)
         else:
@@ -101,8 +144,30 @@ class Books:
     def replace(self, pods: list[dict[str, Any]]) -> None:
         self.pods.clear()
         self.nominated.clear()
+        self.terminating.clear()
+        pending, self.pending = self.pending, {}
         for p in pods:
             self.pod_event("ADDED", p)
+        listed = {pod_key(p) for p in pods}
+        # A relist keeps the answers whose preemptor is still pending and not yet nominated.
+        self.pending = {k: v for k, v in pending.items() if k in listed and k not in self.nominated}
+
+    def preempting(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> None:
+        """Our answer to kube-scheduler for `pod`: node -> victim keys. Held until the watch shows the outcome."""
+        claims = [Claim(node, pod, frozenset(keys)) for node, keys in victims.items()]
+        if claims:
+            self.pending[pod_key(pod)] = (claims, self.clock() + PENDING_NOMINATION_S)
+
+    def claims(self) -> list[tuple[str, Claim]]:
+        """Every live claim, in a stable order: nominations first-hand, then answers not yet nominated."""
+        now = self.clock()
+        for key in [k for k, (_, until) in self.pending.items() if until < now]:
+            del self.pending[key]
+        out = [(key, Claim(node, obj)) for key, (node, obj) in sorted(self.nominated.items())]
+        for key, (claims, _) in sorted(self.pending.items()):
+            if key not in self.nominated:
+                out += [(key, c) for c in claims]
+        return out
 
 
 @contextlib.contextmanager
@@ -113,28 +178,40 @@ def nominations_held(
     pod: PodInfo,
     priority: Priority,
     parse: Callable[[Mapping[str, Any]], PodInfo],
-) -> Iterator[int]:
-    """While open: each nominated pod (other than `pod`) of at least `priority` holds a stand-in placement on its
-    nominated node, where it fits. Yields how many were placed; they are released on exit."""
+) -> Iterator[Held]:
+    """While open: each claiming pod (other than `pod`) of at least `priority` holds a stand-in placement on its
+    node where it fits; where it fits only once its victims or the node's terminating pods are gone, the node is
+    closed to `pod`. Stand-ins are released on exit."""
     placed: list[str] = []
+    closed: dict[str, str] = {}
     try:
-        for key, (node, obj) in sorted(books.nominated.items()):
+        for key, claim in books.claims():
             meta = books.pods.get(key)
-            if key == pod.key or meta is None or meta.priority.value < priority.value or node not in state.nodes:
+            node_state = state.nodes.get(claim.node)
+            if key == pod.key or meta is None or meta.priority.value < priority.value or node_state is None:
                 continue
-            if key in state.assignments:
+            if key in state.assignments or claim.node in closed:
                 continue
             try:
-                info = parse(obj)
-                result = planner.evaluate_node(node, info)
+                info = parse(claim.pod)
+                result = planner.evaluate_node(claim.node, info)
             except (RequestError, UnknownPolicyError):
                 continue
-            if result.placement is None:
+            if result.placement is not None:
+                stand_in = f"{_NOMINATED}{key}@{claim.node}"
+                state.apply(stand_in, result.placement.assignment(info))
+                placed.append(stand_in)
                 continue
-            stand_in = _NOMINATED + key
-            state.apply(stand_in, result.placement.assignment(info))
-            placed.append(stand_in)
-        yield len(placed)
+            leaving = {k for k in node_state.pods if k in books.terminating or k in claim.victims}
+            if leaving and isinstance(
+                fit_node(without(node_state, leaving), info, state.config, planner.rank_on(node_state, info)),
+                NodePlacement,
+            ):
+                closed[claim.node] = (
+                    f"held for pod {key} (priority {meta.priority.value}), which preempted pods here and fits once "
+                    "they have gone"
+                )
+        yield Held(len(placed), closed)
     finally:
         for stand_in in placed:
             state.release(stand_in)

@@ -199,16 +199,18 @@ class ExtenderService:
         return known
 
     def _evaluate_held(self, pod: dict[str, Any], info: PodInfo, known: list[str]) -> Evaluation:
-        """The planner's evaluation, with nominated pods of at least this priority holding their nominated
-        nodes' slices (scheduler_extender.preempt); a copy then, as the stand-ins are gone after it."""
-        if not self.books.nominated:
+        """The planner's evaluation, with pods that preempted for room holding it against pods of lower priority
+        (scheduler_extender.preempt): a copy then, as the stand-ins are gone after it."""
+        if not self.books.nominated and not self.books.pending:
             return self.planner.evaluate(info, known)
         prio = pod_priority(pod, info.request)
         with nominations_held(self.state, self.planner, self.books, info, prio, self._parse) as held:
-            ev = self.planner.evaluate(info, known)
-            if not held:
+            names = [n for n in known if n not in held.closed] if held.closed else known
+            ev = self.planner.evaluate(info, names)
+            if not held.placed and not held.closed:
                 return ev
-            return Evaluation(dict(ev.feasible), dict(ev.failed), dict(ev.unresolvable), dict(ev.scores))
+            failed = {**ev.failed, **{n: r for n, r in held.closed.items() if n in known}}
+            return Evaluation(dict(ev.feasible), failed, dict(ev.unresolvable), dict(ev.scores))
 
     def preempt(self, args: schema.ExtenderPreemptionArgs) -> dict[str, Any]:
         """ExtenderPreemptionResult: per candidate node our cheapest victim set; nodes where none works are left
@@ -235,6 +237,11 @@ class ExtenderService:
         with self.lock:
             self.reservations.release_stale(info)
             result = victims_result(self.state, self.planner, self.books, info, prio, given, pdbs)
+            by_uid = {m.uid: k for k, m in self.books.pods.items() if m.uid}
+            self.books.preempting(
+                args.Pod,
+                {n: [by_uid[p["UID"]] for p in v["Pods"] if p["UID"] in by_uid] for n, v in result.items()},
+            )
         self.metrics.preemptions.labels("answered" if result else "no-node").inc()
         return {"NodeNameToMetaVictims": result}
 

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.app import create_app
 from scheduler_extender.kube import KubeBinder
+from scheduler_extender.preempt import PENDING_NOMINATION_S
 from scheduler_extender.service import ExtenderService
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
@@ -149,6 +150,62 @@ def test_a_nominated_pod_keeps_the_freed_slice_from_a_lower_priority_pod() -> No
     bound["spec"]["nodeName"] = "a"
     svc.pod_event("MODIFIED", bound)
     assert not svc.books.nominated
+
+
+def test_an_answered_preemption_holds_the_room_before_the_watch_shows_the_nomination() -> None:
+    """kube-scheduler deletes the victims while it writes nominatedNodeName; our watch may show them gone first."""
+    svc, http = _service()
+    pods = _fill(svc)
+    now = [100.0]
+    svc.books.clock = lambda: now[0]
+    online = _pod("online", 40000, 1000)
+    svc.pod_event("ADDED", online)
+    body = {"Pod": online, "NodeNameToMetaVictims": {"a": _meta("uid-b3")}}
+    assert http.post("/preempt", json=body).json()["NodeNameToMetaVictims"] == {"a": _meta("uid-b1")}
+    svc.pod_event("DELETED", pods["b1"])  # the victim is gone; online's status still shows no nomination
+    late = _pod("late-batch", 40000, 1)
+    r = http.post("/filter", json={"Pod": late, "NodeNames": ["a", "b"]}).json()
+    assert r["NodeNames"] == [] and "a" in r["FailedNodes"], r
+    assert http.post("/filter", json={"Pod": online, "NodeNames": ["a", "b"]}).json()["NodeNames"] == ["a"]
+    # The watch shows the nomination: the answer's hold gives way to it, and the room stays held.
+    nominated = copy.deepcopy(online)
+    nominated["status"] = {"nominatedNodeName": "a"}
+    svc.pod_event("MODIFIED", nominated)
+    assert not svc.books.pending and "ns/online" in svc.books.nominated
+    assert http.post("/filter", json={"Pod": late, "NodeNames": ["a", "b"]}).json()["NodeNames"] == []
+    # An answer never followed by a nomination stops holding after PENDING_NOMINATION_S.
+    svc.pod_event("MODIFIED", online)  # kube-scheduler cleared the nomination
+    svc.books.preempting(online, {"a": []})
+    now[0] += PENDING_NOMINATION_S + 1
+    assert http.post("/filter", json={"Pod": late, "NodeNames": ["a", "b"]}).json()["NodeNames"] == ["a"]
+    assert not svc.books.pending
+
+
+def test_a_node_is_closed_to_lower_priority_pods_while_the_preemptors_victims_terminate() -> None:
+    svc, http = _service()
+    pods = _fill(svc)
+    online = _pod("online", 40000, 1000)
+    online["status"] = {"nominatedNodeName": "a"}
+    svc.pod_event("ADDED", online)
+    # b1 is terminating (deletionTimestamp set, slices still held): online does not fit yet, but will.
+    leaving = copy.deepcopy(pods["b1"])
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-03T00:00:00Z"
+    svc.pod_event("MODIFIED", leaving)
+    small = _pod("small-batch", 10000, 1)  # fits GPU 1 (11920 MiB free) today
+    r = http.post("/filter", json={"Pod": small, "NodeNames": ["a", "b"]}).json()
+    assert r["NodeNames"] == ["b"] and "online" in r["FailedNodes"]["a"], r
+    # A pod of at least the preemptor's priority is not held back.
+    assert http.post("/filter", json={"Pod": _pod("urgent", 10000, 5000), "NodeNames": ["a"]}).json()["NodeNames"]
+    # b1 gone: online holds 40000 of GPU 0's 51920 MiB, and the small pod fits beside it again.
+    svc.pod_event("DELETED", leaving)
+    assert http.post("/filter", json={"Pod": small, "NodeNames": ["a", "b"]}).json()["NodeNames"] == ["a", "b"]
+    # A nomination that cannot fit even once the node's leaving pods are gone (none are) closes nothing.
+    huge = _pod("huge-online", 81000, 1000)
+    huge["status"] = {"nominatedNodeName": "a"}
+    svc.pod_event("ADDED", huge)
+    assert "ns/huge-online" in svc.books.nominated
+    r = http.post("/filter", json={"Pod": _pod("tiny", 1000, 1), "NodeNames": ["a"]}).json()
+    assert r["NodeNames"] == ["a"], r
 
 
 class _StatusRace(BaseHTTPRequestHandler):
