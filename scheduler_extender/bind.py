@@ -1,5 +1,6 @@
-"""/bind: the pod read from the apiserver, its slices reserved under the state lock, the assignment written and
-the Binding created outside it, then the reservation settled (kept by a bound pod, or rolled back).
+"""/bind: the pod as the apiserver holds it (the watch's latest version, else a GET), its slices reserved under the
+state lock, the assignment written and the Binding created outside it, each conditional on the pod's
+resourceVersion, then the reservation settled (kept by a bound pod, or rolled back).
 
 What is refused (a pod bound already, holding a live assignment, recreated under another UID, no longer fitting)
 is refused before anything changes: docs/extender.md, "Security".
@@ -12,6 +13,7 @@ kube-scheduler gives up on it (docs/extender.md, "Timeouts and deadlines").
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -26,6 +28,7 @@ from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
 from scheduler_extender.recent import RecentPods
 from scheduler_extender.reservations import Refused, Reservations
+from scheduler_extender.unbound_pods import UnboundPods
 from vgpu.annotations import Assignment
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.pod import PodInfo, bound_node, pod_uid
@@ -60,11 +63,14 @@ class BindVerb:
     # a bind's calls end by then, so none lands after a standby could have taken the lease over.
     lease_until: Callable[[], float] = lambda: math.inf
     clock: Callable[[], float] = time.monotonic
+    # The unbound pods as the watch delivered them (scheduler_extender.unbound_pods); none: every bind reads the pod.
+    watched: UnboundPods | None = None
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
-        read fresh (GET), the UID must match PodUID, and a pod that is bound already or holds a live assignment
-        is refused with nothing changed (no assignment written or deleted, no slice freed)."""
+        the watch's latest version of the pod or read fresh (GET), the UID must match PodUID, the writes are
+        conditional on that version, and a pod that is bound already or holds a live assignment is refused with
+        nothing changed (no assignment written or deleted, no slice freed)."""
         key = f"{args.PodNamespace}/{args.PodName}"
         started = time.perf_counter()
         now = self.clock()
@@ -74,7 +80,7 @@ class BindVerb:
             return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:
             with deadline.within(calls_by):
-                pod = self._pod_to_bind(args, key)
+                pod, watched = self._pod_to_bind(args, key)
             info = self._parse_to_bind(pod)
             with self.lock:
                 assignment = self.reservations.reserve(key, args.Node, info)
@@ -84,9 +90,7 @@ class BindVerb:
         try:
             with deadline.within(calls_by):
                 if assignment is not None:
-                    self.binder.write_assignment(
-                        namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
-                    )
+                    self._write_assignment(args, key, uid, assignment, info, watched=watched)
                 self._bind_checked(args, uid)
         except BindOutcomeUnknown as exc:
             with self.lock:
@@ -109,9 +113,24 @@ class BindVerb:
         log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
         return schema.binding_result()
 
-    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
-        """The pod as the apiserver holds it now (the file source: as /filter last saw it). Raises Refused for a
-        pod that is missing, was recreated under another UID or is bound already."""
+    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str) -> tuple[dict[str, Any], bool]:
+        """The pod as the apiserver holds it: the watch's latest version when it carries the UID the bind names
+        (True), else read now (the file source: as /filter last saw it). Raises Refused for a pod that is missing,
+        was recreated under another UID or is bound already."""
+        pod = self._watched(args, key)
+        if pod is not None:
+            self.binder.known(namespace=args.PodNamespace, name=args.PodName, pod=pod)
+            return self._check_to_bind(args, pod), True
+        return self._check_to_bind(args, self._read_pod(args, key)), False
+
+    def _watched(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any] | None:
+        if self.watched is None or not args.PodUID:
+            return None
+        with self.lock:
+            pod = self.watched.get(key)
+        return pod if pod is not None and pod_uid(pod) == args.PodUID else None
+
+    def _read_pod(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
         try:
             pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
         except Exception as exc:
@@ -120,12 +139,47 @@ class BindVerb:
             pod = self.recent.body(key)
         if pod is None:
             raise Refused("pod not found")
+        return pod
+
+    def _check_to_bind(self, args: schema.ExtenderBindingArgs, pod: dict[str, Any]) -> dict[str, Any]:
         uid = pod_uid(pod)
         if args.PodUID and uid != args.PodUID:
             raise Refused(f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused")
         if bound_to := bound_node(pod):
             raise Refused(f"already bound to {bound_to}; a bound pod is never bound again")
         return pod
+
+    def _write_assignment(
+        self,
+        args: schema.ExtenderBindingArgs,
+        key: str,
+        uid: str,
+        assignment: Assignment,
+        info: PodInfo,
+        *,
+        watched: bool,
+    ) -> None:
+        """PATCH the assignment on the version the pod was taken at. A watched version the apiserver has moved past
+        (409: kube-scheduler wrote the pod's status, the requeuer nudged it) is read once and the write repeated
+        on the new version, if the pod still is the one reserved for: same UID, unbound, parsed the same. Anything
+        else raises, and the bind rolls back."""
+        write = functools.partial(
+            self.binder.write_assignment, namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
+        )
+        try:
+            write()
+            return
+        except Exception as exc:
+            if not watched or getattr(exc, "status", None) != 409:
+                raise
+        try:
+            fresh = self._check_to_bind(args, self._read_pod(args, key))
+            changed = self._parse_to_bind(fresh) != info
+        except Refused as exc:
+            raise PodChanged(f"the pod changed while it was being bound: {exc}") from None
+        if changed:
+            raise PodChanged("the pod changed while it was being bound; kube-scheduler retries it")
+        write()
 
     def _parse_to_bind(self, pod: dict[str, Any]) -> PodInfo:
         try:
@@ -175,6 +229,10 @@ class BindVerb:
         self.metrics.bind_failure()
         log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
         return schema.binding_result(f"bind {key} to {node}: {reason}")
+
+
+class PodChanged(Exception):
+    """The pod's apiserver version is not the one the bind reserved for; the message says how."""
 
 
 class BindOutcomeUnknown(Exception):

@@ -12,6 +12,10 @@ class Binder(Protocol):
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
+        """The pod as the watch delivered it stands in for a get_pod: later writes are conditional on its version."""
+        ...
+
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         """Record the assignment (phase allocating) where the device plugin and a restarted extender read it."""
         ...

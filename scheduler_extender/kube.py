@@ -30,6 +30,20 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 # (the import-linter contract in pyproject.toml; sources/kube.py and main.py are the other adapters).
 CoreApi = client.CoreV1Api
 
+# Connections kept to the apiserver. The client's default is cpu_count * 5 (kubernetes-client 37.0.2,
+# kubernetes/client/configuration.py, connection_pool_maxsize), 10 on two cores; the verbs run on up to 40 worker
+# threads (anyio's default thread limiter) next to two watches, the requeuer and the election, so under load every
+# bind past the tenth opened a new TLS connection and urllib3 threw it away afterwards ("Connection pool is full,
+# discarding connection"): handshakes were the bind's largest CPU cost in benchmarks/scale.py.
+POOL_SIZE = 64
+
+
+def core_api() -> client.CoreV1Api:
+    """CoreV1Api on the default configuration (load_kube_config / load_incluster_config), its pool sized POOL_SIZE."""
+    conf = client.Configuration.get_default_copy()
+    conf.connection_pool_maxsize = POOL_SIZE
+    return client.CoreV1Api(client.ApiClient(conf))
+
 
 @dataclass(frozen=True, slots=True)
 class CallTimeouts:
@@ -170,6 +184,11 @@ class KubeBinder:
         if pod is not None:
             self._remember(namespace, name, _version(pod))
         return pod
+
+    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
+        """The pod as the watch delivered it, instead of a GET: the writes that follow are conditional on its
+        resourceVersion, so if the apiserver holds a newer version they fail with 409 and nothing is applied."""
+        self._remember(namespace, name, _version(pod))
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         encoded = ann.encode_assignment(assignment)

@@ -107,9 +107,9 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         return service, None, None
     import functools
 
-    from kubernetes import client, config
+    from kubernetes import config
 
-    from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, list_pdbs, nudge_pod
+    from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, core_api, list_pdbs, nudge_pod
     from scheduler_extender.leadership import start_leader_election
     from scheduler_extender.metrics import ExtenderMetrics
     from scheduler_extender.requeue import Requeuer
@@ -139,7 +139,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
             watch_read_slack_s=s.watch_read_slack_seconds,
         )
     )
-    api = client.CoreV1Api()
+    api = core_api()  # its connection pool sized for the verbs' worker threads (kube.POOL_SIZE)
     metrics = ExtenderMetrics(state)
     requeuer = Requeuer(
         functools.partial(nudge_pod, api),

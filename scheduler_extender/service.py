@@ -28,6 +28,7 @@ from scheduler_extender.recent import RecentPods
 from scheduler_extender.requeue import Requeuer
 from scheduler_extender.reservations import Reservations
 from scheduler_extender.sync import StateSync
+from scheduler_extender.unbound_pods import UnboundPods
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
@@ -94,6 +95,7 @@ class ExtenderService:
         self.reservations = Reservations(
             state, self.planner, self.sync, on_freed=self.pending.capacity_freed, on_count=self.metrics.inflight.set
         )
+        self.unbound = UnboundPods(options.names)  # what /bind binds, from the pod watch (the kube source only)
         self._bind = BindVerb(
             binder=binder,
             lock=self.lock,
@@ -104,6 +106,7 @@ class ExtenderService:
             metrics=self.metrics,
             timeout_s=options.bind_timeout_s,
             lease_until=lambda: self._lease_until(),
+            watched=self.unbound,
         )
         # With leader election: until when this replica may still bind (LeaderElector.valid_until).
         self._lease_until: Callable[[], float] = lambda: math.inf
@@ -286,6 +289,7 @@ class ExtenderService:
             held = key in self.state.assignments
             self.sync.pod_event(kind, pod)
             self.books.pod_event(kind, pod)
+            self.unbound.event(kind, pod)
             if kind == "DELETED" or is_finished(pod):
                 self.learning.forget(pod_uid(pod))
             if kind == "DELETED" or bound_node(pod):
@@ -310,6 +314,7 @@ class ExtenderService:
             held = set(self.state.assignments)
             self.sync.replace_pods(pods)
             self.books.replace(pods)
+            self.unbound.replace(pods)
             if not held <= self.state.assignments.keys():
                 self.pending.capacity_freed()
             if seed is not None:

@@ -57,6 +57,9 @@ class FileBinder:
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         return None  # no apiserver: the service takes the pod /filter last saw (ServiceOptions.pods_from_filter)
 
+    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
+        return None  # no watch feeds the file source
+
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         return None  # the state already holds it; persisted on bind
 

@@ -42,16 +42,31 @@ class FakeBinder:
         self.bind_times_out = False  # no answer, nothing applied (yet): the outcome is unknown to the extender
         self.get_fails = False  # reads fail once a Binding was tried: the check whether it landed fails too
         self.bind_tried = False
+        # The resourceVersion each pod's next write is conditional on (read by get_pod, or handed over by known):
+        # as the apiserver, a write on an older version than the pod's metadata.resourceVersion is refused (409).
+        self.versions: dict[str, str] = {}
+        self.reads = 0
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         if self.get_fails and self.bind_tried:
             raise TimeoutError("read timed out")
-        return self.pods.get(f"{namespace}/{name}")
+        self.reads += 1
+        pod = self.pods.get(f"{namespace}/{name}")
+        if pod is not None:
+            self.versions[f"{namespace}/{name}"] = pod["metadata"].get("resourceVersion", "")
+        return copy.deepcopy(pod)
+
+    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
+        self.versions[f"{namespace}/{name}"] = pod["metadata"].get("resourceVersion", "")
 
     def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
         if self.fail_write:
             raise RuntimeError("apiserver said 500")
-        self.written[f"{namespace}/{name}"] = assignment
+        key = f"{namespace}/{name}"
+        current = (self.pods.get(key) or {}).get("metadata", {}).get("resourceVersion", "")
+        if self.versions.get(key, current) != current:
+            raise Refusal(409, f"the object has been modified (version {self.versions[key]}, now {current})")
+        self.written[key] = assignment
 
     def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         self.bind_tried = True

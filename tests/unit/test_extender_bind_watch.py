@@ -1,0 +1,148 @@
+"""/bind takes the pod from the pod watch instead of a GET, and a version the watch has not caught up with is
+read again, never bound on (scheduler_extender.unbound_pods, scheduler_extender.bind)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from scheduler_extender.service import ExtenderService
+from scheduler_extender.unbound_pods import UnboundPods
+from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
+from vgpu.config import ResourceNames
+
+
+def _versioned(name: str, version: str, pct: int = 50) -> dict[str, Any]:
+    pod = _pod(name, pct)
+    pod["metadata"]["resourceVersion"] = version
+    return pod
+
+
+@pytest.fixture
+def setup() -> tuple[ExtenderService, FakeBinder]:
+    binder = FakeBinder()
+    return ExtenderService(_state(), binder), binder
+
+
+def test_bind_takes_the_watched_pod_without_reading_it(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    pod = _versioned("p", "7")
+    binder.pods["ns/p"] = pod
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    assert _bind(svc, pod, "a") == ""
+    assert binder.reads == 0 and binder.written["ns/p"].node == "a"
+    assert svc.state.assignments["ns/p"].node == "a"
+
+
+def test_a_pod_the_watch_has_not_delivered_is_read(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    svc, binder = setup
+    pod = _versioned("p", "7")
+    binder.pods["ns/p"] = pod
+    assert _bind(svc, pod, "a") == ""
+    assert binder.reads == 1 and "ns/p" in binder.written
+
+
+def test_a_watched_pod_under_another_uid_is_not_used(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    """The watch still shows an earlier pod of that name: the apiserver's answer decides (the UID the bind names)."""
+    svc, binder = setup
+    old = _versioned("p", "3")
+    svc.pod_event("ADDED", old)
+    new = _versioned("p", "9")
+    binder.pods["ns/p"] = new
+    assert _bind(svc, new, "a") == ""
+    assert binder.reads == 1 and new["spec"]["nodeName"] == "a"
+
+
+def test_a_stale_watched_version_is_read_again_and_bound_on_the_new_one(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    """kube-scheduler wrote the pod's status after the version the watch delivered: the conditional write is
+    refused (409), the pod read once, and, unchanged in what placement depends on, written on its new version."""
+    svc, binder = setup
+    pod = _versioned("p", "7")
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    newer = copy.deepcopy(pod)
+    newer["metadata"]["resourceVersion"] = "8"
+    newer["status"] = {"conditions": [{"type": "PodScheduled", "status": "False"}]}
+    binder.pods["ns/p"] = newer
+    assert _bind(svc, pod, "a") == ""
+    assert binder.reads == 1 and binder.versions["ns/p"] == "8"
+    assert binder.written["ns/p"].node == "a" and newer["spec"]["nodeName"] == "a"
+
+
+def test_a_pod_that_changed_since_the_watched_version_is_not_bound(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    """The apiserver's pod asks for more than the watched version the slices were reserved for: nothing is
+    written, the slices are released, and kube-scheduler retries the pod."""
+    svc, binder = setup
+    pod = _versioned("p", "7", pct=20)
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    bigger = _versioned("p", "8", pct=90)
+    bigger["metadata"]["uid"] = pod["metadata"]["uid"]
+    binder.pods["ns/p"] = bigger
+    err = _bind(svc, pod, "a")
+    assert "the pod changed while it was being bound" in err
+    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments
+    assert not bigger["spec"].get("nodeName") and svc.state.totals()["memory_used_mib"] == 0
+
+
+def test_a_pod_bound_since_the_watched_version_is_not_bound_again(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    svc, binder = setup
+    pod = _versioned("p", "7")
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    bound = copy.deepcopy(pod)
+    bound["metadata"]["resourceVersion"] = "8"
+    bound["spec"]["nodeName"] = "b"
+    binder.pods["ns/p"] = bound
+    err = _bind(svc, pod, "a")
+    assert "already bound to b" in err
+    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments
+
+
+# -- the book itself ---------------------------------------------------------------------------------------------
+
+
+def test_only_unbound_active_pods_asking_for_our_resources_are_kept() -> None:
+    book = UnboundPods(ResourceNames())
+    gpu = _versioned("gpu", "1")
+    plain = {"metadata": {"name": "plain", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}}
+    by_request = _versioned("req", "1")
+    c = by_request["spec"]["containers"][0]
+    c["resources"] = {"requests": {"nvidia.com/gpumem": "1000"}}
+    for p in (gpu, plain, by_request):
+        book.event("ADDED", p)
+    assert book.get("ns/gpu") is gpu and book.get("ns/req") is by_request and book.get("ns/plain") is None
+    bound = copy.deepcopy(gpu)
+    bound["spec"]["nodeName"] = "a"
+    book.event("MODIFIED", bound)
+    assert book.get("ns/gpu") is None
+    finished = {**by_request, "status": {"phase": "Succeeded"}}
+    book.event("MODIFIED", finished)
+    assert len(book) == 0
+    book.event("ADDED", gpu)
+    deleting = copy.deepcopy(gpu)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    book.event("MODIFIED", deleting)
+    assert book.get("ns/gpu") is None
+    book.event("ADDED", gpu)
+    book.event("DELETED", gpu)
+    assert len(book) == 0
+
+
+def test_the_book_is_bounded_and_a_relist_replaces_it() -> None:
+    book = UnboundPods(ResourceNames(), max_pods=2)
+    pods = [_versioned(f"p{i}", "1") for i in range(3)]
+    for p in pods:
+        book.event("ADDED", p)
+    assert len(book) == 2 and book.get("ns/p2") is None  # full: p2 is read with a GET when bound
+    newer = copy.deepcopy(pods[0])
+    newer["metadata"]["resourceVersion"] = "2"
+    book.event("MODIFIED", newer)  # a kept pod is still updated when the book is full
+    assert book.get("ns/p0") is newer
+    book.replace([pods[2]])
+    assert len(book) == 1 and book.get("ns/p2") is pods[2]
