@@ -24,6 +24,7 @@ from typing import Any
 
 from scheduler_extender import deadline, schema
 from scheduler_extender.binder import Binder
+from scheduler_extender.holds import SoftHolds
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
 from scheduler_extender.recent import RecentPods
@@ -65,6 +66,8 @@ class BindVerb:
     clock: Callable[[], float] = time.monotonic
     # The unbound pods as the watch delivered them (scheduler_extender.unbound_pods); none: every bind reads the pod.
     watched: UnboundPods | None = None
+    # Where /prioritize expected pods to be bound (scheduler_extender.holds): a pod's hold ends when its bind starts.
+    holds: SoftHolds | None = None
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
@@ -76,6 +79,9 @@ class BindVerb:
         now = self.clock()
         answer_by = now + self.timeout_s - ANSWER_MARGIN_S
         calls_by = min(answer_by - rollback_budget(self.timeout_s), self.lease_until())
+        if self.holds is not None:
+            with self.lock:
+                self.holds.drop(key)  # from here on the reservation, or kube-scheduler's next attempt, decides
         if calls_by - now < deadline.MIN_CALL_S:
             return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:

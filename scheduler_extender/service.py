@@ -20,6 +20,7 @@ from typing import Any
 from scheduler_extender import schema
 from scheduler_extender.bind import DEFAULT_HTTP_TIMEOUT_S, BindVerb
 from scheduler_extender.binder import Binder
+from scheduler_extender.holds import SoftHolds, steer
 from scheduler_extender.learning import Learning, seed_candidates
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
@@ -29,8 +30,9 @@ from scheduler_extender.requeue import Requeuer
 from scheduler_extender.reservations import Reservations
 from scheduler_extender.sync import StateSync
 from scheduler_extender.unbound_pods import UnboundPods
+from vgpu.annotations import Assignment
 from vgpu.config import RequestDefaults, ResourceNames
-from vgpu.errors import RequestError, UnknownPolicyError
+from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
 from vgpu.pod import PodInfo, bound_node, is_finished, pod_info, pod_key, pod_uid
 from vgpu.priority import pod_priority
@@ -96,6 +98,7 @@ class ExtenderService:
             state, self.planner, self.sync, on_freed=self.pending.capacity_freed, on_count=self.metrics.inflight.set
         )
         self.unbound = UnboundPods(options.names)  # what /bind binds, from the pod watch (the kube source only)
+        self.holds = SoftHolds()  # where pods just prioritized are about to be bound (scheduler_extender.holds)
         self._bind = BindVerb(
             binder=binder,
             lock=self.lock,
@@ -107,6 +110,7 @@ class ExtenderService:
             timeout_s=options.bind_timeout_s,
             lease_until=lambda: self._lease_until(),
             watched=self.unbound,
+            holds=self.holds,
         )
         # With leader election: until when this replica may still bind (LeaderElector.valid_until).
         self._lease_until: Callable[[], float] = lambda: math.inf
@@ -258,9 +262,46 @@ class ExtenderService:
             with self.lock:
                 self.reservations.release_stale(info)
                 prios = self.planner.priorities_for(info, self._known_names("prioritize", names))
+                prios = self._steer(info, prios)
         except (RequestError, UnknownPolicyError):
             prios = {}
         return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
+
+    def _steer(self, info: PodInfo, prios: dict[str, int]) -> dict[str, int]:
+        """Score 0 the best-ranked nodes this pod does not fit on beside the soft holds there, then hold its own
+        place on the best node left (scheduler_extender.holds). Only ever lowers scores."""
+        placed: dict[str, Assignment] = {}
+
+        def blocked(node: str) -> bool:
+            holds = self.holds.on(node, other_than=info.key)
+            if not holds:
+                return False
+            stand_ins = []
+            try:
+                for h in holds:
+                    try:
+                        self.state.apply(HOLD_PREFIX + h.key, h.assignment)
+                    except CapacityError:  # the node changed since it was held: that hold no longer fits itself
+                        continue
+                    stand_ins.append(HOLD_PREFIX + h.key)
+                result = self.planner.evaluate_node(node, info)
+            finally:
+                for key in stand_ins:
+                    self.state.release(key)
+            if result.placement is None:
+                return True
+            placed[node] = result.placement.assignment(info)
+            return False
+
+        prios, best = steer(prios, blocked)
+        if best is not None:
+            if best not in placed:
+                result = self.planner.evaluate_node(best, info)
+                if result.placement is not None:
+                    placed[best] = result.placement.assignment(info)
+            if best in placed:
+                self.holds.hold(info.key, best, placed[best])
+        return prios
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName (scheduler_extender.bind)."""
@@ -294,6 +335,7 @@ class ExtenderService:
                 self.learning.forget(pod_uid(pod))
             if kind == "DELETED" or bound_node(pod):
                 self.pending.done(key)
+                self.holds.drop(key)
             # Only a release nudges: the nudge's own MODIFIED event changes no state, so it never nudges again.
             if held and key not in self.state.assignments:
                 self.pending.capacity_freed()
@@ -350,6 +392,7 @@ class ExtenderService:
 
 
 NO_INVENTORY = "node has no vGPU inventory (device plugin not running?)"  # as vgpu.planner says it
+HOLD_PREFIX = "hold:"  # the state key of a soft hold's stand-in while /prioritize weighs a pod beside it
 
 
 def _node_name(node: object, index: int) -> str:
