@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
+import orjson
+
 from vgpu.devices import GpuDevice
 from vgpu.errors import AnnotationError, CodecError
 from vgpu.roles import Role
@@ -157,10 +159,16 @@ def _dumps(obj: object) -> str:
 
 
 def _load(key: str, value: str) -> dict[str, Any]:
+    # orjson first: a restart decodes one inventory per node and one assignment per pod (tens of thousands), ~5x
+    # faster. What it refuses (NaN, numbers out of double range, lone surrogates) goes to the standard library, whose
+    # answers and error messages stay the contract.
     try:
-        obj = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise CodecError(key=key, reason=f"not JSON ({exc.msg} at char {exc.pos})", value=value) from None
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise CodecError(key=key, reason=f"not JSON ({exc.msg} at char {exc.pos})", value=value) from None
     if not isinstance(obj, dict):
         raise CodecError(key=key, reason="expected a JSON object", value=value)
     version = obj.get("version")

@@ -256,3 +256,15 @@ def test_keys_live_under_the_vgpu_prefix() -> None:
     keys = [ann.NODE_INVENTORY, ann.POD_ASSIGNMENT, ann.POD_BIND_PHASE, ann.POD_BIND_TIME, ann.POD_NODE_POLICY]
     assert all(k.startswith("vgpu.io/") for k in keys)
     assert len(set(keys)) == len(keys)
+
+
+def test_decoding_reads_what_orjson_refuses_as_the_standard_library_does() -> None:
+    """orjson parses first; NaN (which it refuses) and malformed JSON give the standard library's answers."""
+    a = Assignment(node="n1", containers=(ContainerAssignment("c", (DeviceSlice("GPU-0", 0, 1024, 10),)),))
+    obj = json.loads(ann.encode_assignment(a))
+    obj["model"] = float("nan")
+    with pytest.raises(CodecError, match="model"):  # NaN read (as json.loads does), then refused by type
+        ann.decode_assignment(json.dumps(obj))
+    with pytest.raises(CodecError, match=r"not JSON \(Expecting property name enclosed in double quotes at char 1\)"):
+        ann.decode_assignment("{")
+    assert ann.decode_assignment(ann.encode_assignment(a)) == a

@@ -164,3 +164,12 @@ def test_an_exponent_is_a_suffix_of_ascii_digits() -> None:
     assert parse_int_quantity("1e3") == 1000
     assert parse_int_quantity("2E+2") == 200
     assert parse_int_quantity("1E") == 10**18  # E alone is exa
+
+
+def test_a_repeated_string_gives_the_same_answer_and_a_bad_one_fails_every_time() -> None:
+    """Strings are cached (a restart parses the same few for every pod); errors are not, and say why each time."""
+    assert [parse_int_quantity("32Gi") for _ in range(3)] == [32 * 2**30] * 3
+    for raw, reason in (("500m", "whole number"), ("-1", "negative"), ("1x", "unknown suffix")):
+        for _ in range(2):
+            with pytest.raises(QuantityError, match=reason):
+                parse_int_quantity(raw)
