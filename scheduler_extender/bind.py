@@ -79,14 +79,15 @@ class BindVerb:
         now = self.clock()
         answer_by = now + self.timeout_s - ANSWER_MARGIN_S
         calls_by = min(answer_by - rollback_budget(self.timeout_s), self.lease_until())
-        if self.holds is not None:
-            with self.lock:
+        with self.lock:
+            if self.holds is not None:
                 self.holds.drop(key)  # from here on the reservation, or kube-scheduler's next attempt, decides
+            seen = self.watched.get(key) if self.watched is not None else None
         if calls_by - now < deadline.MIN_CALL_S:
             return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:
             with deadline.within(calls_by):
-                pod, watched = self._pod_to_bind(args, key)
+                pod, watched = self._pod_to_bind(args, key, seen)
             info = self._parse_to_bind(pod)
             with self.lock:
                 assignment = self.reservations.reserve(key, args.Node, info)
@@ -119,22 +120,16 @@ class BindVerb:
         log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
         return schema.binding_result()
 
-    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str) -> tuple[dict[str, Any], bool]:
-        """The pod as the apiserver holds it: the watch's latest version when it carries the UID the bind names
-        (True), else read now (the file source: as /filter last saw it). Raises Refused for a pod that is missing,
-        was recreated under another UID or is bound already."""
-        pod = self._watched(args, key)
-        if pod is not None:
-            self.binder.known(namespace=args.PodNamespace, name=args.PodName, pod=pod)
-            return self._check_to_bind(args, pod), True
+    def _pod_to_bind(
+        self, args: schema.ExtenderBindingArgs, key: str, seen: dict[str, Any] | None
+    ) -> tuple[dict[str, Any], bool]:
+        """The pod as the apiserver holds it: `seen`, the watch's latest version, when it carries the UID the bind
+        names (True), else read now (the file source: as /filter last saw it). Raises Refused for a pod that is
+        missing, was recreated under another UID or is bound already."""
+        if seen is not None and args.PodUID and pod_uid(seen) == args.PodUID:
+            self.binder.known(namespace=args.PodNamespace, name=args.PodName, pod=seen)
+            return self._check_to_bind(args, seen), True
         return self._check_to_bind(args, self._read_pod(args, key)), False
-
-    def _watched(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any] | None:
-        if self.watched is None or not args.PodUID:
-            return None
-        with self.lock:
-            pod = self.watched.get(key)
-        return pod if pod is not None and pod_uid(pod) == args.PodUID else None
 
     def _read_pod(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
         try:
