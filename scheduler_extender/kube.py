@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from scheduler_extender.deadline import remaining
@@ -405,6 +405,9 @@ class KubeLeaseStore:
             raise
 
 
+# Bytes asked of the socket per read of a watch; a chunk of the chunked response is handed over as it arrives.
+_WATCH_READ = 64 * 1024
+
 Handler = Callable[[str, dict[str, Any]], None]
 Replacer = Callable[[list[dict[str, Any]]], None]
 
@@ -422,6 +425,8 @@ class Reflector:
         field_selector: str | None = None,
         on_synced: Callable[[], None] = lambda: None,
         watch_timeout_s: int = 300,
+        page_size: int = 0,
+        slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.name = name
         self.list_call = list_call
@@ -430,20 +435,38 @@ class Reflector:
         self.field_selector = field_selector
         self.on_synced = on_synced
         self.watch_timeout_s = watch_timeout_s
+        # A list is read in pages of `page_size` (0: one response) and each listed object goes through `slim`, so
+        # only one page of whole objects is held at a time (benchmarks/restart.py, 40k pods).
+        self.page_size = page_size
+        self.slim = slim
         self.stopped = threading.Event()
         self.relists = 0
-        self._watch: watch.Watch | None = None
 
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _list(self) -> str:
-        raw = _raw(
-            self.list_call(_preload_content=False, _request_timeout=_timeout(_timeouts.list_s), **self._kwargs())
-        )
-        self.replace(list(raw.get("items") or []))
+        """Every object, page by page. The pages after the first read the first one's snapshot (the `continue` token
+        carries its resourceVersion); an expired token (410) fails the list and `run` lists anew."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kwargs = self._kwargs()
+            if self.page_size:
+                kwargs["limit"] = self.page_size
+            if token:
+                kwargs["_continue"] = token
+            raw = _raw(self.list_call(_preload_content=False, _request_timeout=_timeout(_timeouts.list_s), **kwargs))
+            page = raw.pop("items", None) or []
+            items.extend(page if self.slim is None else map(self.slim, page))
+            del page
+            meta = raw.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        self.replace(items)
         self.relists += 1
-        return str((raw.get("metadata") or {}).get("resourceVersion") or "")
+        return str(meta.get("resourceVersion") or "")
 
     def run(self) -> None:
         backoff = 0.2
@@ -464,39 +487,52 @@ class Reflector:
                 backoff = min(backoff * 2, 5.0)
 
     def _watch_once(self, rv: str) -> str:
-        w = watch.Watch()
-        self._watch = w
-        stream = w.stream(
-            self.list_call,
+        """One watch from `rv`, read as raw JSON lines decoded by orjson: the client's Watch.stream splits lines in
+        Python and decodes each with the standard library's json (kubernetes-client 37.0.2, kubernetes/watch/
+        watch.py, iter_resp_lines and unmarshal_event), about half the watch thread's CPU in benchmarks/scale.py,
+        on the thread that competes with the verbs for the GIL. Returns the last resourceVersion, "" on 410 Gone."""
+        resp = self.list_call(
+            watch=True,
             resource_version=rv,
             timeout_seconds=self.watch_timeout_s,
             allow_watch_bookmarks=True,
-            deserialize=False,
+            _preload_content=False,
             # The client's read timeout outlasts the server's: a silent, half-dead connection still ends.
             _request_timeout=(_timeouts.connect_s, self.watch_timeout_s + _timeouts.watch_read_slack_s),
             **self._kwargs(),
         )
-        for event in stream:
-            if self.stopped.is_set():
-                w.stop()
-                return rv
-            kind = event.get("type")
-            obj = event.get("object") or event.get("raw_object") or {}
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    log.info("watch expired (410); relisting", extra={"reflector": self.name})
-                    return ""
-                raise RuntimeError(f"watch error: {obj.get('message')}")
-            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-            if kind == "BOOKMARK":
-                continue
-            self.handle(str(kind), obj)
-        return rv
+        try:
+            pending = b""
+            for chunk in resp.stream(_WATCH_READ, decode_content=False):
+                if self.stopped.is_set():
+                    return rv
+                pending += chunk
+                if b"\n" not in chunk:
+                    continue
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = orjson.loads(line)
+                    kind = event.get("type")
+                    obj = event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            log.info("watch expired (410); relisting", extra={"reflector": self.name})
+                            return ""
+                        raise RuntimeError(f"watch error: {obj.get('message')}")
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    self.handle(str(kind), obj)
+            return rv
+        finally:
+            resp.close()  # a watch left mid-stream must not go back to the pool with unread bytes on it
+            resp.release_conn()
 
     def stop(self) -> None:
+        """The watch loop ends at its next chunk (or the server's timeoutSeconds), as the client's Watch.stop did."""
         self.stopped.set()
-        if self._watch is not None:
-            self._watch.stop()
 
 
 def lease_store(*, namespace: str, name: str) -> KubeLeaseStore:
