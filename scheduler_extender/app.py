@@ -11,6 +11,8 @@ certificate: it carries nothing that changes or reveals allocations beyond the m
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import logging
 import time
@@ -40,6 +42,8 @@ MAX_BODY = 16 * 1024 * 1024
 # Parsing holds the GIL: 2.8 million tiny JSON values took 1.7 s and ~300 MiB whatever thread ran it. 200,000 parse
 # in ~40 ms into ~15 MiB; a pod has a few hundred, 15,000 node names 15,000.
 MAX_JSON_VALUES = 200_000
+# Binds in flight at once; more wait for a thread (kube-scheduler's binding goroutines are not bounded).
+BIND_THREADS = 64
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -90,6 +94,11 @@ def create_app(
     """The verbs; `/state` only with `state` (--enable-state); health, readiness and metrics with `probes`
     (off when --health-port serves them on their own port)."""
 
+    # /bind waits on apiserver round trips (a second and more under load, benchmarks/scale.py): on threads of its
+    # own it never takes the worker threads (anyio's 40) that /filter and /prioritize, kube-scheduler's serial
+    # scheduling cycle, need.
+    bind_threads = concurrent.futures.ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="bind")
+
     def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any]) -> Route:
         hist = service.metrics.latency.labels(verb)
 
@@ -105,7 +114,11 @@ def create_app(
                     raise TooLarge(f"{verb}: {values} JSON values; at most {max_values} allowed (--max-json-values)")
                 # One worker-thread hop for parse and verb: each hop is a queue hand-over and a thread wake-up,
                 # paid three times a pod (filter, prioritize, bind) on kube-scheduler's serial scheduling cycle.
-                result = await run_in_threadpool(_serve, body, verb, model, call)
+                if verb == "bind":
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(bind_threads, _serve, body, verb, model, call)
+                else:
+                    result = await run_in_threadpool(_serve, body, verb, model, call)
                 del body
             except ClientDisconnect:  # gone, or cut by the read deadline (vgpu_http.guard)
                 return Response(status_code=400)
