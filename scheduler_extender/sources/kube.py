@@ -14,11 +14,36 @@ from scheduler_extender.service import ExtenderService
 
 log = logging.getLogger(__name__)
 
+# Objects per list page: a page of whole pods is the most a list holds at once (~12 KB a pod as Python objects),
+# and every page is a round trip, so pages are large.
+LIST_PAGE = 5000
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a listed pod: its metadata without managedFields, its spec, and of its status
+    the phase and nominatedNodeName (vgpu.pod, scheduler_extender.preempt). A relist of 40k pods holds these."""
+    meta = dict(pod.get("metadata") or {})
+    meta.pop("managedFields", None)
+    status = pod.get("status") or {}
+    return {
+        "metadata": meta,
+        "spec": pod.get("spec") or {},
+        "status": {k: status[k] for k in ("phase", "nominatedNodeName") if k in status},
+    }
+
+
+def slim_node(node: dict[str, Any]) -> dict[str, Any]:
+    """What the extender reads of a listed node: name, labels, annotations (scheduler_extender.sync.node_event);
+    not its status (image lists alone can be tens of KB a node)."""
+    meta = node.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "labels", "annotations", "resourceVersion") if k in meta}}
+
 
 class KubeSource:
     def __init__(self, api: client.CoreV1Api, service: ExtenderService, *, watch_timeout_s: int = 300) -> None:
         self.service = service
         self._pods_listed = False  # the first pod list seeds learning; relists do not
+        self.seeded = threading.Event()  # the first list's pods have seeded learning (or failed to)
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self.nodes = Reflector(
             name="nodes",
@@ -27,6 +52,8 @@ class KubeSource:
             handle=service.node_event,
             on_synced=self._synced["nodes"].set,
             watch_timeout_s=watch_timeout_s,
+            page_size=LIST_PAGE,
+            slim=slim_node,
         )
         # Nodes first: pods seen before their node are kept as orphans and applied when it arrives.
         self.pods = Reflector(
@@ -37,19 +64,34 @@ class KubeSource:
             field_selector=ACTIVE_PODS,
             on_synced=self._on_pods_synced,
             watch_timeout_s=watch_timeout_s,
+            page_size=LIST_PAGE,
+            slim=slim_pod,
         )
         self._threads: list[threading.Thread] = []
 
     def _replace_pods(self, pods: list[dict[str, Any]]) -> None:
-        # Only the first list seeds the learned workload; a relist (410, watch failure) would count pods twice.
+        first = not self._pods_listed
         started = time.monotonic()
-        self.service.replace_pods(pods, seed_learning=not self._pods_listed)
+        # The state first, so the extender is ready once it is rebuilt. The first list then seeds the learned
+        # workload in the background (parsing and observing 40k pods was a third of a restart); a relist never
+        # seeds: it would count pods twice. Until the seeding is in, placement scores as a learning policy's cold
+        # start does.
+        self.service.replace_pods(pods, seed_learning=False)
         # The end of a (re)list, with what applying it cost: benchmarks/restart.py times a relist up to this line.
         log.info(
-            "pods listed",
-            extra={"pods": len(pods), "apply_s": round(time.monotonic() - started, 3), "first": not self._pods_listed},
+            "pods listed", extra={"pods": len(pods), "apply_s": round(time.monotonic() - started, 3), "first": first}
         )
         self._pods_listed = True
+        if first:
+            threading.Thread(target=self._seed, args=(pods,), name="learning-seed", daemon=True).start()
+
+    def _seed(self, pods: list[dict[str, Any]]) -> None:
+        try:
+            self.service.seed_learning_from(pods)
+        except Exception as exc:  # learning catches up through /filter anyway
+            log.warning("cannot seed learning from the listed pods", extra={"error": repr(exc)})
+        finally:
+            self.seeded.set()
 
     def _on_pods_synced(self) -> None:
         self._synced["pods"].set()
