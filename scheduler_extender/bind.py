@@ -101,12 +101,13 @@ class BindVerb:
                 self._bind_checked(args, uid)
         except BindOutcomeUnknown as exc:
             with self.lock:
-                self.reservations.unsettled(key)
+                self.reservations.unsettled(key, uid)
             return self._bind_failed(
                 key,
                 args.Node,
-                f"binding outcome unknown: {exc}; its slices stay held until the pod shows bound or its "
-                f"reservation expires ({self.reservations.sync.bind_grace_s:g} s)",
+                f"binding outcome unknown: {exc}; its slices stay held until the pod shows bound, or, after "
+                f"{self.reservations.sync.bind_grace_s:g} s, a write on its version makes sure the Binding cannot "
+                "land any more",
             )
         except Exception as exc:
             with deadline.within(min(answer_by, calls_by + rollback_budget(self.timeout_s))):

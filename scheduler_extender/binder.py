@@ -22,6 +22,12 @@ class Binder(Protocol):
 
     def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None: ...
 
+    def fence(self, *, namespace: str, name: str, uid: str) -> bool:
+        """After a Binding whose outcome is unknown: True once it can no longer land (a write conditional on the
+        version it was sent on succeeded, or the pod reads changed, recreated or gone); False when it landed (the pod
+        reads bound). Raises when the apiserver cannot tell (it is down: ask again later)."""
+        ...
+
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
         """Best effort: mark a written assignment as failed so nobody serves it."""
         ...

@@ -224,6 +224,7 @@ class KubeBinder:
             pod = get_pod(self.api, namespace=namespace, name=name)
             if pod is None or not self._still_ours(pod, uid, namespace, name):
                 raise
+            self._remember(namespace, name, _version(pod))  # what a fence must move past if this one is lost
             create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=_version(pod))
         finally:
             self._written.pop(f"{namespace}/{name}", None)
@@ -238,6 +239,42 @@ class KubeBinder:
             and held.get(ann.POD_BIND_PHASE) == ann.BindPhase.ALLOCATING.value
             and held.get(ann.POD_ASSIGNMENT) == self._written.get(f"{namespace}/{name}")
         )
+
+    def fence(self, *, namespace: str, name: str, uid: str) -> bool:
+        """Make sure a Binding whose outcome is unknown can no longer land: it was sent conditional on the version
+        remembered here (create_binding's preconditions), so a write that moves the pod past that version fences
+        it. Marks the assignment failed on that version; a 409 reads the pod: bound means it landed (False),
+        unbound at another version, recreated or gone means it never can (True). A failed call raises."""
+        version = self._version_of(namespace, name)
+        annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
+        if version:
+            try:
+                patch_pod_annotations(
+                    self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=version
+                )
+                self._version_of(namespace, name, forget=True)
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    self._version_of(namespace, name, forget=True)
+                    return True
+                if exc.status != 409:
+                    raise
+        pod = get_pod(self.api, namespace=namespace, name=name)
+        if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
+            if (pod.get("spec") or {}).get("nodeName"):
+                return False
+            if not version:  # never read: the Binding's version is unknown, so move the pod past any
+                patch_pod_annotations(
+                    self.api,
+                    namespace=namespace,
+                    name=name,
+                    uid=uid,
+                    annotations=annotations,
+                    resource_version=_version(pod),
+                )
+        self._version_of(namespace, name, forget=True)
+        return True
 
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
         """Remove the assignment (phase failed) if the pod is as this binder left it. On 409 (the assignment

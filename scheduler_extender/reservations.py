@@ -40,12 +40,14 @@ class Reservations:
         self._freed = on_freed
         self._count = on_count
         self._inflight: set[str] = set()  # pods whose bind is between `reserve` and `bound`/`roll_back`
-        # Pods whose Binding may have landed unseen (`unsettled`): held until the watch shows them or the grace ends.
-        self._unknown: set[str] = set()
+        # Pods whose Binding may still land (`unsettled`), with their UID: held until the watch shows them bound or
+        # gone, or a fence (`due_fences`, `fenced`) made sure it can no longer land.
+        self._unknown: dict[str, str] = {}
 
     def __contains__(self, key: object) -> bool:
-        """A bind of this pod is in flight."""
-        return key in self._inflight
+        """A bind of this pod is in flight: between `reserve` and its end, or its Binding's outcome is unknown (the
+        watch sync then neither expires nor relist-releases its slices)."""
+        return key in self._inflight or key in self._unknown
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -96,16 +98,34 @@ class Reservations:
             self.sync.settle()
             self._freed()  # others may have been rejected while this bind held the slices
 
-    def unsettled(self, key: str) -> None:
+    def unsettled(self, key: str, uid: str = "") -> None:
         """The Binding's outcome is unknown (its call timed out and the check whether it landed failed or could
         not rule it out): the pod may be bound and running on these slices, so they stay held as an unbound
-        reservation — counted until the watch shows the pod bound (then it holds them) or the bind grace passes
-        on this extender's clock — and its own retry through /filter does not free them early."""
+        reservation — until the watch shows the pod bound (then it holds them) or deleted, or, once the bind grace
+        has passed on this extender's clock, a fence made sure the Binding can no longer land (`due_fences`).
+        A Binding stuck in an apiserver whose etcd is down lands when etcd returns, long after any grace: releasing
+        on the grace alone over-committed a GPU (tests/e2e/test_chaos_e2e.py, etcd restarted). Its own retry
+        through /filter does not free them early."""
         self._inflight.discard(key)
         self._count(len(self._inflight))
         if self.state.assignments.get(key) is not None or key in self.state.orphans:
             self.sync.hold_unbound(key)
-            self._unknown.add(key)
+            self._unknown[key] = uid
+
+    def due_fences(self) -> list[tuple[str, str]]:
+        """(pod, UID) of the unknown Bindings held past the grace: fence each (outside the lock) before `fenced`."""
+        now = self.sync.clock()
+        return [(k, uid) for k, uid in self._unknown.items() if self.sync.unbound.get(k, now) <= now]
+
+    def fenced(self, key: str) -> None:
+        """The pod's Binding can no longer land (a write on its version succeeded, the pod changed or went): free
+        the slices it held, unless the watch has shown the pod bound meanwhile."""
+        if self._unknown.pop(key, None) is None or key not in self.sync.unbound:
+            return
+        del self.sync.unbound[key]
+        if self.state.release(key) is not None:
+            self.sync.settle()
+            self._freed()
 
     def release_stale(self, info: PodInfo) -> None:
         """Before evaluating a pod: expire reservations past their grace, and drop this pod's own unbound
@@ -122,7 +142,9 @@ class Reservations:
             self.state.release(info.key)
 
     def expire(self) -> None:
-        """Release the reservations of binds that never completed within the grace."""
+        """Release the reservations of binds that never completed within the grace (not those whose Binding's
+        outcome is unknown: they wait for a fence); forget unknown outcomes the watch has settled."""
         if self.sync.unbound and self.sync.expire_unbound():
             self._freed()
-        self._unknown.intersection_update(self.sync.unbound)
+        for key in [k for k in self._unknown if k not in self.sync.unbound]:  # shown bound, or deleted
+            del self._unknown[key]

@@ -308,8 +308,22 @@ class ExtenderService:
         return self._bind.bind(args)
 
     def expire_unbound(self) -> None:
+        """Expire reservations past their grace; fence the Bindings of unknown outcome held past it (apiserver I/O,
+        outside the lock; one that cannot be fenced now stays held and is tried again on the next call)."""
         with self.lock:
             self.reservations.expire()
+            due = self.reservations.due_fences()
+        for key, uid in due:
+            namespace, _, name = key.partition("/")
+            try:
+                fenced = self.binder.fence(namespace=namespace, name=name, uid=uid)
+            except Exception as exc:
+                log.warning("cannot fence a Binding of unknown outcome yet", extra={"pod": key, "error": str(exc)})
+                continue
+            if fenced:
+                with self.lock:
+                    self.reservations.fenced(key)
+                log.info("released the slices of a Binding that can no longer land", extra={"pod": key})
 
     # -- watch feed -----------------------------------------------------------------------------
 

@@ -67,6 +67,9 @@ class FileBinder:
         self.bound[f"{namespace}/{name}"] = node
         self._persist()
 
+    def fence(self, *, namespace: str, name: str, uid: str) -> bool:
+        return f"{namespace}/{name}" not in self.bound  # no apiserver: nothing is in flight
+
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
         self.bound.pop(f"{namespace}/{name}", None)
 

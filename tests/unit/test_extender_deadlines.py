@@ -216,3 +216,14 @@ def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shorten
             assert 0.3 < read <= 0.5 and connect == read
     finally:
         kube.configure_timeouts(before)
+
+
+def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(apiserver: tuple[KubeBinder, Any]) -> None:
+    """A late Binding carries this version as its precondition: a write on it moves the pod past it."""
+    binder, handler = apiserver
+    binder.get_pod(namespace="ns", name="p")
+    assert binder.fence(namespace="ns", name="p", uid="u1") is True
+    method, path, body = handler.seen[-1]
+    assert method == "PATCH" and path.endswith("/namespaces/ns/pods/p")
+    assert body["metadata"]["resourceVersion"] == "7" and body["metadata"]["uid"] == "u1"
+    assert body["metadata"]["annotations"] == {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}
