@@ -77,6 +77,7 @@ ARM_FIELDS = (
     "extender_verb_calls",
     "extender_ms_per_pod",
     "failed_scheduling",
+    "bind_refusals",
 )
 REPORT_FIELDS = (
     "config",
@@ -420,6 +421,7 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     cpu: collections.Counter[str] = collections.Counter()
     verbs: collections.Counter[str] = collections.Counter()
     reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    failed: collections.Counter[str] = sum((w.failed for w in waves), collections.Counter())
     for w in waves:
         cpu.update(w.cpu_s)
         verbs.update(w.verbs)
@@ -449,7 +451,14 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
             for k, v in sorted(verbs.items())
             if k.startswith("sum ") and v
         },
-        "failed_scheduling": dict(sum((w.failed for w in waves), collections.Counter()).most_common(3)),
+        "failed_scheduling": dict(failed.most_common(3)),
+        # Binds the extender refused or failed (FailedScheduling events of /bind), by cause: the races the soft
+        # holds and the reservation at /bind's arrival address are "no longer fits".
+        "bind_refusals": {
+            "no_longer_fits": sum(n for m, n in failed.items() if m.startswith("bind ") and "no longer fits" in m),
+            "outcome_unknown": sum(n for m, n in failed.items() if m.startswith("bind ") and "outcome unknown" in m),
+            "total": sum(n for m, n in failed.items() if m.startswith("bind ")),
+        },
     }
 
 
@@ -541,6 +550,7 @@ def print_report(r: dict[str, Any]) -> None:
         )
         for msg, n in a["failed_scheduling"].items():
             print(f"FailedScheduling x{n} ({arm}): {msg}")
+        print(f"binds refused or failed ({arm}): {json.dumps(a['bind_refusals'])}")
     print(f"extender RSS {r['extender_rss_mib']} MiB (peak {r['extender_peak_rss_mib']} MiB)")
     print(f"over-commits {r['over_commits']}, stale reservations {r['stale_reservations']}")
 
