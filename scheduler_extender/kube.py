@@ -301,16 +301,39 @@ class KubeBinder:
         )
 
 
-def list_active_pods(api: client.CoreV1Api) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = (
-        _raw(
-            api.list_pod_for_all_namespaces(
-                field_selector=ACTIVE_PODS, _preload_content=False, _request_timeout=_timeout(_timeouts.list_s)
-            )
-        ).get("items")
-        or []
-    )
-    return items
+def list_all(
+    list_call: Callable[..., Any],
+    *,
+    field_selector: str | None = None,
+    page_size: int = 0,
+    slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Every object and the list's resourceVersion, read in pages of `page_size` (0: one response), each object
+    through `slim`: only one page of whole objects is held at a time. The pages after the first read the first
+    one's snapshot (the `continue` token carries its resourceVersion); an expired token (410) raises ApiException
+    and the caller lists anew."""
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        kwargs: dict[str, Any] = {"field_selector": field_selector} if field_selector else {}
+        if page_size:
+            kwargs["limit"] = page_size
+        if token:
+            kwargs["_continue"] = token
+        raw = _raw(list_call(_preload_content=False, _request_timeout=_timeout(_timeouts.list_s), **kwargs))
+        page = raw.pop("items", None) or []
+        items.extend(page if slim is None else map(slim, page))
+        del page
+        meta = raw.get("metadata") or {}
+        token = str(meta.get("continue") or "")
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")
+
+
+def list_active_pods(
+    api: client.CoreV1Api, *, page_size: int = 0, slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    return list_all(api.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS, page_size=page_size, slim=slim)[0]
 
 
 def list_pdbs() -> list[dict[str, Any]]:
@@ -483,27 +506,12 @@ class Reflector:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _list(self) -> str:
-        """Every object, page by page. The pages after the first read the first one's snapshot (the `continue` token
-        carries its resourceVersion); an expired token (410) fails the list and `run` lists anew."""
-        items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            kwargs = self._kwargs()
-            if self.page_size:
-                kwargs["limit"] = self.page_size
-            if token:
-                kwargs["_continue"] = token
-            raw = _raw(self.list_call(_preload_content=False, _request_timeout=_timeout(_timeouts.list_s), **kwargs))
-            page = raw.pop("items", None) or []
-            items.extend(page if self.slim is None else map(self.slim, page))
-            del page
-            meta = raw.get("metadata") or {}
-            token = str(meta.get("continue") or "")
-            if not token:
-                break
+        items, rv = list_all(
+            self.list_call, field_selector=self.field_selector, page_size=self.page_size, slim=self.slim
+        )
         self.replace(items)
         self.relists += 1
-        return str(meta.get("resourceVersion") or "")
+        return rv
 
     def run(self) -> None:
         backoff = 0.2

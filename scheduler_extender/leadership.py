@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from scheduler_extender.kube import CoreApi, clear_other_leader_labels, lease_store, list_active_pods, mark_leader
 from scheduler_extender.leader import LeaderElector
 from scheduler_extender.settings import ExtenderSettings
+from scheduler_extender.slim import LIST_PAGE, slim_pod
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def start_leader_election(s: ExtenderSettings, service: Replica, api: CoreApi) -
         service.set_leading(True, leader=identity)
         label(True)
         try:
-            service.seed_learning_from(list_active_pods(api))
+            service.seed_learning_from(list_active_pods(api, page_size=LIST_PAGE, slim=slim_pod))
         except Exception as exc:  # learning catches up through /filter anyway
             log.warning("cannot seed learning on taking over", extra={"error": repr(exc)})
 

@@ -11,32 +11,9 @@ from kubernetes import client
 
 from scheduler_extender.kube import ACTIVE_PODS, Reflector
 from scheduler_extender.service import ExtenderService
+from scheduler_extender.slim import LIST_PAGE, slim_node, slim_pod
 
 log = logging.getLogger(__name__)
-
-# Objects per list page: a page of whole pods is the most a list holds at once (~12 KB a pod as Python objects),
-# and every page is a round trip, so pages are large.
-LIST_PAGE = 5000
-
-
-def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What the extender reads of a listed pod: its metadata without managedFields, its spec, and of its status
-    the phase and nominatedNodeName (vgpu.pod, scheduler_extender.preempt). A relist of 40k pods holds these."""
-    meta = dict(pod.get("metadata") or {})
-    meta.pop("managedFields", None)
-    status = pod.get("status") or {}
-    return {
-        "metadata": meta,
-        "spec": pod.get("spec") or {},
-        "status": {k: status[k] for k in ("phase", "nominatedNodeName") if k in status},
-    }
-
-
-def slim_node(node: dict[str, Any]) -> dict[str, Any]:
-    """What the extender reads of a listed node: name, labels, annotations (scheduler_extender.sync.node_event);
-    not its status (image lists alone can be tens of KB a node)."""
-    meta = node.get("metadata") or {}
-    return {"metadata": {k: meta[k] for k in ("name", "labels", "annotations", "resourceVersion") if k in meta}}
 
 
 class KubeSource:

@@ -355,7 +355,7 @@ class RecordingReplica:
 def lease(monkeypatch: pytest.MonkeyPatch) -> MemoryLease:
     store = MemoryLease()
     monkeypatch.setattr(leadership, "lease_store", lambda **kw: store)
-    monkeypatch.setattr(leadership, "list_active_pods", lambda api: [_running("r", 50, "GPU-a-0")])
+    monkeypatch.setattr(leadership, "list_active_pods", lambda api, **kw: [_running("r", 50, "GPU-a-0")])
     return store
 
 

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from scheduler_extender.kube import Reflector
 from scheduler_extender.service import ExtenderService
-from scheduler_extender.sources.kube import slim_node, slim_pod
+from scheduler_extender.slim import slim_node, slim_pod
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
