@@ -19,7 +19,7 @@ from typing import Literal
 
 from vgpu import annotations as ann
 from vgpu.errors import UnknownPolicyError
-from vgpu.fit import FitFailure, GpuRank, NodePlacement, fit_node
+from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, fit_node
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
 from vgpu.placement.role_score import role_score
@@ -179,6 +179,7 @@ class Planner:
         self._policies: dict[str, NodePolicy] = {}
         self._cache: OrderedDict[tuple[object, ...], dict[str, tuple[int, NodeResult]]] = OrderedDict()
         self._memo: OrderedDict[tuple[object, ...], _Memo] = OrderedDict()
+        self._shapes: OrderedDict[tuple[object, ...], ShapeMemo] = OrderedDict()  # per (pod shape, config)
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -223,18 +224,29 @@ class Planner:
             return result
         return NodeResult(result.placement, score=result.score + pod_score(name, pod))
 
-    def _evaluate(self, node_name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> NodeResult:
+    def _shape_memo(self, pod: PodInfo) -> ShapeMemo:
+        key = (pod.shape_key(), self.state.config)
+        memo = self._shapes.get(key)
+        if memo is None:
+            memo = self._shapes[key] = ShapeMemo()
+            if len(self._shapes) > _CACHED_SHAPES:
+                self._shapes.popitem(last=False)
+        return memo
+
+    def _evaluate(
+        self, node_name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank, memo: ShapeMemo | None = None
+    ) -> NodeResult:
         node = self.state.nodes.get(node_name)
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
         node_rank = getattr(policy, "node_gpu_rank", None)  # optional: see NodeAwareRank
         if node_rank is not None and rank == policy.gpu_rank:
             rank = node_rank(node, pod)  # the policy orders GPUs knowing the whole node
-        fit = fit_node(node, pod, self.config, rank)
+        fit = fit_node(node, pod, self.config, rank, memo)
         if isinstance(fit, FitFailure):
             return NodeResult(None, failure=fit)
         score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
-        if self.config.topology and self.config.topology_weight:
+        if self.config.topology and self.config.topology_weight and any(len(c.devices) > 1 for c in fit.containers):
             linked = placement_score(node.topology, fit.containers, lambda: _idle(node))
             if linked is not None:  # a multi-GPU pod: nodes that give a connected set score higher
                 score += self.config.topology_weight * linked
@@ -253,17 +265,18 @@ class Planner:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
+        fits = self._shape_memo(pod)
         if hasattr(policy, "pod_score"):  # scores differ per pod: memoise per pod, fits stay cached per shape
             key = (*key, pod.key, pod.uid)
         memo = self._memo.get(key)
         if memo is not None:
             self._memo.move_to_end(key)
-            if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank):
+            if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank, fits):
                 memo = None
         if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):  # no set built
             out = Evaluation()
             for name in names:
-                self._record(out, name, self._cached(cache, name, pod, policy, rank))
+                self._record(out, name, self._cached(cache, name, pod, policy, rank, fits))
             memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
@@ -305,7 +318,13 @@ class Planner:
         return self.priorities(self.evaluate(pod, node_names))
 
     def _refresh(
-        self, memo: _Memo, cache: dict[str, tuple[int, NodeResult]], pod: PodInfo, policy: NodePolicy, rank: GpuRank
+        self,
+        memo: _Memo,
+        cache: dict[str, tuple[int, NodeResult]],
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
     ) -> bool:
         """Bring a memoised evaluation up to date in place, re-evaluating only the nodes that changed."""
         changed = self.state.changed_since(memo.version)
@@ -318,7 +337,7 @@ class Planner:
             ev.feasible.pop(name, None)
             ev.failed.pop(name, None)
             ev.unresolvable.pop(name, None)
-            self._record(ev, name, self._cached(cache, name, pod, policy, rank))
+            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits))
         if touched:
             ev.priorities = None
             if ev.ranked is not None:
@@ -327,13 +346,19 @@ class Planner:
         return True
 
     def _cached(
-        self, cache: dict[str, tuple[int, NodeResult]], name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank
+        self,
+        cache: dict[str, tuple[int, NodeResult]],
+        name: str,
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
     ) -> NodeResult:
         node = self.state.nodes.get(name)
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
             return self._drawn(name, pod, policy, hit[1])
-        result = self._evaluate(name, pod, policy, rank)
+        result = self._evaluate(name, pod, policy, rank, fits)
         if node is not None:
             cache[name] = (node.version, result)
         return self._drawn(name, pod, policy, result)

@@ -36,6 +36,21 @@ class GpuUsage:
     prefill: int = 0
     decode: int = 0
     best_effort: int = 0
+    # Cache of `state_key` (reset by `add` and `remove`, the only ways the usage changes).
+    key_memo: tuple[object, ...] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def state_key(self) -> tuple[object, ...]:
+        """Everything about this GPU that whether (and how well, by role) one more slice fits on it depends on:
+        GPUs with equal keys answer `slice_blocker` and `vgpu.fit.role_rank` alike, so a pod shape's evaluation
+        asks once per distinct key instead of once per GPU (vgpu.fit). Holders in order: the decode demand is a
+        float sum in that order."""
+        key = self.key_memo
+        if key is None:
+            d = self.device
+            holders = tuple((h.role.value, h.model, h.cores) for h in self.holders)
+            key = self.key_memo = (d.memory_mib, d.cores, d.split_count, self.memory_used, self.cores_used, holders)
+        return key
 
     @property
     def sharers(self) -> int:
@@ -52,6 +67,7 @@ class GpuUsage:
         return max(self.memory_used / d.memory_mib, self.cores_used / d.cores)
 
     def add(self, h: Holder) -> None:
+        self.key_memo = None
         self.holders.append(h)
         self.memory_used += h.memory_mib
         self.cores_used += h.cores
@@ -60,6 +76,7 @@ class GpuUsage:
         self.best_effort += h.cores == 0
 
     def remove(self, pod_key: str) -> None:
+        self.key_memo = None
         keep: list[Holder] = []
         for h in self.holders:
             if h.pod_key != pod_key:
@@ -129,6 +146,12 @@ class NodeState:
     # evaluation, the state only changes at a new version).
     frees_memo: tuple[int, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
     topology_memo: NodeTopology | None = field(default=None, repr=False, compare=False)
+    # Each GPU's position in `gpus`, by UUID (fixed for a NodeState, like its inventory).
+    positions_memo: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    healthy_memo: bool | None = field(default=None, repr=False, compare=False)
+    groups_memo: tuple[int, tuple[GpuUsage, ...]] | None = field(default=None, repr=False, compare=False)
+    # Cache of `vgpu.placement.role_score.free_after`'s per-GPU terms for `version`.
+    free_terms_memo: tuple[int, tuple[float, ...]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> NodeState:
@@ -147,6 +170,33 @@ class NodeState:
         if topo is None:
             topo = self.topology_memo = node_topology(self.inventory.gpus)
         return topo
+
+    @property
+    def state_groups(self) -> tuple[GpuUsage, ...]:
+        """The first GPU (in `gpus` order) of each distinct `GpuUsage.state_key`, for the current version."""
+        memo = self.groups_memo
+        if memo is None or memo[0] != self.version:
+            first: dict[tuple[object, ...], GpuUsage] = {}
+            for u in self.gpus:
+                first.setdefault(u.state_key, u)
+            memo = self.groups_memo = (self.version, tuple(first.values()))
+        return memo[1]
+
+    @property
+    def all_healthy(self) -> bool:
+        """No GPU of the inventory is marked unhealthy (fixed for a NodeState, like its inventory)."""
+        healthy = self.healthy_memo
+        if healthy is None:
+            healthy = self.healthy_memo = all(u.device.healthy for u in self.gpus)
+        return healthy
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Each GPU's position in `gpus`, by UUID."""
+        pos = self.positions_memo
+        if pos is None:
+            pos = self.positions_memo = {u.device.uuid: i for i, u in enumerate(self.gpus)}
+        return pos
 
     def used_share(self) -> float:
         if not self.gpus:

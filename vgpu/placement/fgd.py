@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vgpu.fit import GpuRank, NodePlacement
+from vgpu.fit import GpuRank, NodePlacement, StateRank
 from vgpu.placement.frag import FragModel, TaskShape, shape_of, target_workload
 from vgpu.placement.gpushare import MILLI, frees_after, host_after, host_free, node_frees, rank_best_fit, slice_milli
 from vgpu.pod import PodInfo
@@ -47,6 +47,8 @@ class Fgd:
         self.counts: Counter[TaskShape] = Counter()
         self._model: FragModel | None = None
         self._epoch = 0
+        # The last node `node_gpu_rank` ordered: (node, its version, pod, model, growth per (free, take)).
+        self._last_rank: tuple[NodeState, int, PodInfo, FragModel, dict[tuple[int, int], float]] | None = None
 
     @property
     def epoch(self) -> int:
@@ -68,8 +70,30 @@ class Fgd:
 
     def delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         """Fragmentation added by the placement (negative when it removes some), in GPU milli."""
+        known = self._ranked_delta(node, placement, pod)
+        if known is not None:
+            return known
         cpu, mem = host_after(node, pod)
         return self.model.frag(node, frees_after(node, placement), cpu, mem) - self.model.node_frag(node)
+
+    def _ranked_delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float | None:
+        """The growth the GPU order just computed for this one-slice placement (the same arithmetic, so the same
+        float), or None when it did not. The planner scores a node right after ordering its GPUs, so `delta`
+        need not compute the growth again. Host room must be tracked or unasked: the order counts an untracked
+        host's room as plenty less the pod's ask, `host_after` as plenty."""
+        last = self._last_rank
+        if last is None or last[0] is not node or last[1] != node.version or last[2] is not pod:
+            return None
+        if len(placement.containers) != 1 or len(placement.containers[0].devices) != 1:
+            return None
+        inv = node.inventory
+        if (pod.cpu_milli and not inv.cpu_milli) or (pod.memory_mib and not inv.memory_mib):
+            return None
+        if last[3] is not self.model_for(pod):
+            return None
+        d = placement.containers[0].devices[0]
+        u = node.by_uuid[d.uuid]
+        return last[4].get((node_frees(node)[node.positions[d.uuid]], slice_milli(d.memory_mib, d.cores, u)))
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         return quantized(self.delta(node, placement, pod), self.scale) / 100
@@ -80,29 +104,39 @@ class Fgd:
     def node_gpu_rank(self, node: NodeState, pod: PodInfo) -> GpuRank:
         """GPU order inside `node`: fragmentation after putting one slice of the pod on that GPU."""
         model = self.model_for(pod)
-        frees = node_frees(node)
-        pos = {u.device.uuid: i for i, u in enumerate(node.gpus)}
         cpu, mem = host_free(node)
-        before = model.frag(node, frees, cpu, mem)
-        cpu -= pod.cpu_milli
-        mem -= pod.memory_mib
-
-        seen: dict[tuple[int, int], float] = {}  # GPUs with the same free share rank the same
-        steps = self.gpu_steps
-
-        def rank(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-            i = pos[u.device.uuid]
-            take = slice_milli(memory_mib, cores, u)
-            hit = seen.get((frees[i], take))
-            if hit is not None:
-                return hit
-            after = list(frees)
-            after[i] = max(0, after[i] - take)
-            grown = model.frag(node, after, cpu, mem) - before
-            out = seen[(frees[i], take)] = -quantized(grown) if steps else grown
-            return out
-
+        rank = _FragRank(node, model, node_frees(node), (cpu, mem, cpu - pod.cpu_milli, mem - pod.memory_mib))
+        rank.steps = self.gpu_steps
+        self._last_rank = (node, node.version, pod, model, rank.growth)
         return rank
+
+
+class _FragRank(StateRank):
+    """`Fgd.node_gpu_rank`'s order on one node: the fragmentation growth after one slice on the GPU (its free share
+    and the slice's size decide, so GPUs in equal states rank alike). `host`: free (cpu, memory) now, then after."""
+
+    __slots__ = ("frees", "growth", "host", "model", "node", "pos", "seen", "sig", "steps")
+
+    def __init__(
+        self, node: NodeState, model: FragModel, frees: tuple[int, ...], host: tuple[int, int, int, int]
+    ) -> None:
+        self.node, self.model, self.frees, self.host = node, model, frees, host
+        self.sig = tuple(sorted(frees))
+        self.steps = True
+        self.pos = node.positions
+        self.seen: dict[tuple[int, int], float] = {}  # GPUs with the same free share rank the same
+        self.growth: dict[tuple[int, int], float] = {}  # the exact growth behind each rank (`delta` reuses it)
+
+    def __call__(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+        d = u.device
+        take = min(MILLI, max(-(-memory_mib * MILLI // d.memory_mib), cores * MILLI // d.cores))  # slice_milli
+        free = self.frees[self.pos[d.uuid]]
+        hit = self.seen.get((free, take))
+        if hit is not None:
+            return hit
+        grown = self.growth[(free, take)] = self.model.growth(self.node, self.sig, free, take, self.host)
+        out = self.seen[(free, take)] = -quantized(grown) if self.steps else grown
+        return out
 
 
 def create() -> Fgd:

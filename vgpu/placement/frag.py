@@ -83,6 +83,7 @@ class FragModel:
         self.workload = list(workload)
         self._tasks: dict[int, list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
         self._memo: dict[tuple[object, ...], float] = {}
+        self._growth: dict[tuple[object, ...], float] = {}
 
     def _tasks_on(self, u: GpuUsage) -> list[tuple[float, int, int, int, int, frozenset[str] | None]]:
         key = u.device.memory_mib
@@ -98,7 +99,29 @@ class FragModel:
         """Expected fragmented GPU milli of `node` if its GPUs had `frees` and its host the given room."""
         if not node.gpus:
             return 0.0
-        sig = tuple(sorted(frees))
+        return self.frag_sorted(node, tuple(sorted(frees)), cpu_free, mem_free)
+
+    def growth(
+        self, node: NodeState, sig: tuple[int, ...], free: int, take: int, host: tuple[int, int, int, int]
+    ) -> float:
+        """`frag` once one GPU with `free` milli (one of `sig`, the node's sorted frees) gives `take` and the host goes
+        from (cpu, memory) `host[:2]` to `host[2:]`, less `frag` now. Kept per (node signature, free, take, host):
+        nodes in the same state share it. The same arithmetic as two `frag` calls, so the same float."""
+        key = (sig, free, take, host, node.gpus[0].device.model, node.gpus[0].device.memory_mib)
+        hit = self._growth.get(key)
+        if hit is None:
+            after = list(sig)
+            after[sig.index(free)] = max(0, free - take)
+            hit = self.frag_sorted(node, tuple(sorted(after)), host[2], host[3]) - self.frag_sorted(
+                node, sig, host[0], host[1]
+            )
+            if len(self._growth) > _MEMO_LIMIT:
+                self._growth.clear()
+            self._growth[key] = hit
+        return hit
+
+    def frag_sorted(self, node: NodeState, sig: tuple[int, ...], cpu_free: int, mem_free: int) -> float:
+        """`frag` for a node with GPUs, its frees given sorted."""
         model = node.gpus[0].device.model
         key = (cpu_free, mem_free, model, node.gpus[0].device.memory_mib, sig)
         hit = self._memo.get(key)

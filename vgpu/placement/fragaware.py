@@ -63,6 +63,7 @@ class FragAware(Fgd):
         self._workload: list[tuple[TaskShape, float]] = []
         self._model = FragModel([])
         self._cold: dict[TaskShape, FragModel] = {}
+        self._cold_for: tuple[PodInfo, FragModel] | None = None
 
     def observe(self, pod: PodInfo) -> None:
         self.counts[shape_of(pod, with_memory=self.with_memory)] += 1
@@ -105,13 +106,19 @@ class FragAware(Fgd):
         `observe` still gets fragmentation-aware placement, against the pod being placed)."""
         if self._workload:
             return self.model
+        if self._cold_for is not None and self._cold_for[0] is pod:  # the planner asks per node for one pod
+            return self._cold_for[1]
         shape = shape_of(pod, with_memory=self.with_memory)
         cold = self._cold.get(shape)
         if cold is None:
             cold = self._cold[shape] = FragModel([(shape, 1.0)])
+        self._cold_for = (pod, cold)
         return cold
 
     def delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
+        known = self._ranked_delta(node, placement, pod)
+        if known is not None:
+            return known
         model = self.model_for(pod)
         cpu, mem = host_after(node, pod)
         return model.frag(node, frees_after(node, placement), cpu, mem) - model.node_frag(node)

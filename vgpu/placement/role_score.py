@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from vgpu.config import RoleRules
 from vgpu.fit import NodePlacement, counterpart
-from vgpu.placement.base import used_after
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import NodeState
@@ -37,11 +36,12 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
     score = 0.0
     if slices:
         complement = pair = 0
+        prefill = pod.role.does_prefill
         for d in slices:
             u = node.by_uuid[d.uuid]
-            if any(h.role.does_prefill for h in u.holders) and pod.role.does_prefill:
+            if prefill and u.prefill > 0:  # `prefill` counts the holders that do prefill
                 pair += 1
-            if any(_is(h.role, other) and h.model == pod.model for h in u.holders):
+            if u.holders and any(_is(h.role, other) and h.model == pod.model for h in u.holders):
                 complement += 1
         score += rules.complementarity_weight * complement / len(slices)
         score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / len(slices)
@@ -58,5 +58,25 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
 
 
 def free_after(node: NodeState, placement: NodePlacement) -> float:
-    """GPU-equivalents (the larger of memory and SM share, per GPU) left free on the node after `placement`."""
-    return sum(max(0.0, 1.0 - used) for used in used_after(node, placement))
+    """GPU-equivalents (the larger of memory and SM share, per GPU) left free on the node after `placement`.
+
+    Each GPU's term is kept per node version and only the placement's GPUs are worked out again; the sum runs
+    over the same terms in the same order as `used_after` gives them, so the float is the same."""
+    memo = node.free_terms_memo
+    if memo is None or memo[0] != node.version:
+        memo = node.free_terms_memo = (node.version, tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus))
+    terms = memo[1]
+    added: dict[str, tuple[int, int]] = {}
+    for c in placement.containers:
+        for d in c.devices:
+            m, k = added.get(d.uuid, (0, 0))
+            added[d.uuid] = (m + d.memory_mib, k + d.cores)
+    if not added:
+        return sum(terms)
+    out = list(terms)
+    pos = node.positions
+    for uuid, (m, k) in added.items():
+        u = node.by_uuid[uuid]
+        dev = u.device
+        out[pos[uuid]] = max(0.0, 1.0 - max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
+    return sum(out)
