@@ -43,7 +43,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from kube_vgpu_dev.controlplane import ControlPlane
 from kube_vgpu_dev.stack import (
@@ -334,6 +336,25 @@ def audit_pods(core: Any, namespace: str, wave: str) -> tuple[int, int]:
 # ---- the run
 
 
+def create_pod(core: Any, namespace: str, body: dict[str, Any], attempts: int = 5) -> None:
+    """Create a pod, as a controller would: an overloaded apiserver's 429/5xx (a 504 after its 60 s request timeout
+    ended one run) or a dropped connection is retried with backoff; a 409 after a retried attempt means the earlier
+    attempt landed."""
+    for attempt in range(attempts):
+        try:
+            core.create_namespaced_pod(namespace, body, _preload_content=False)
+            return
+        except ApiException as exc:
+            if exc.status == 409 and attempt:
+                return
+            if (exc.status != 429 and exc.status < 500) or attempt == attempts - 1:
+                raise
+        except urllib3.exceptions.HTTPError:
+            if attempt == attempts - 1:
+                raise
+        time.sleep(0.5 * 2**attempt)
+
+
 def run_wave(
     cfg: Config,
     cp: ControlPlane,
@@ -366,8 +387,8 @@ def run_wave(
         if delay > 0:
             time.sleep(delay)
         started = time.monotonic()
-        core.create_namespaced_pod(namespace, body, _preload_content=False)
-        w.created[name] = started
+        create_pod(core, namespace, body)
+        w.created[name] = started  # from the first attempt: a retried create counts its wait as latency
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(create, range(len(bodies))))
