@@ -79,13 +79,19 @@ def start_leader_election(s: ExtenderSettings, service: Replica, api: CoreApi) -
         except Exception as exc:
             log.error("cannot label the own pod", extra={"pod": s.pod_name, "leading": leading, "error": repr(exc)})
 
-    def started() -> None:
-        service.set_leading(True, leader=identity)
-        label(True)
+    def seed() -> None:
         try:
             service.seed_learning_from(list_active_pods(api, page_size=LIST_PAGE, slim=slim_pod))
         except Exception as exc:  # learning catches up through /filter anyway
             log.warning("cannot seed learning on taking over", extra={"error": repr(exc)})
+
+    def started() -> None:
+        service.set_leading(True, leader=identity)
+        label(True)
+        # Not on the election's own thread: listing every pod took 70 s with 40k pods on a loaded apiserver, the
+        # lease went unrenewed past its renew deadline and the new leader gave up the lease it had just won
+        # (benchmarks/restart.py).
+        threading.Thread(target=seed, name="takeover-seed", daemon=True).start()
 
     def stopped() -> None:
         service.set_leading(False, leader=elector.holder)

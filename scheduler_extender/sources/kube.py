@@ -9,6 +9,7 @@ from typing import Any
 
 from kubernetes import client
 
+from scheduler_extender.gcpause import paused_gc
 from scheduler_extender.kube import ACTIVE_PODS, Reflector
 from scheduler_extender.service import ExtenderService
 from scheduler_extender.slim import LIST_PAGE, slim_node, slim_pod
@@ -64,7 +65,8 @@ class KubeSource:
 
     def _seed(self, pods: list[dict[str, Any]]) -> None:
         try:
-            self.service.seed_learning_from(pods)
+            with paused_gc():  # parses every listed pod: scheduler_extender.gcpause
+                self.service.seed_learning_from(pods)
         except Exception as exc:  # learning catches up through /filter anyway
             log.warning("cannot seed learning from the listed pods", extra={"error": repr(exc)})
         finally:

@@ -10,6 +10,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -380,6 +381,33 @@ def test_the_election_stands_by_until_ready_then_leads_seeds_and_on_release_stan
     election.release()
     assert replica.calls[-1] == ("standing by", identity) and not election.lost.is_set()  # released: no SIGTERM
     assert lease.record is not None and lease.record.holder == ""
+
+
+def test_a_new_leader_keeps_renewing_while_its_take_over_list_is_slow(
+    lease: MemoryLease, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing every pod on taking over may outlast the renew deadline (40k pods); the lease must stay held."""
+    listed = threading.Event()
+    monkeypatch.setattr(leadership, "list_active_pods", lambda api, **kw: [listed.wait(10), []][1])
+    killed: list[int] = []  # losing the lease would SIGTERM this process: recorded instead
+    monkeypatch.setattr(leadership, "os", SimpleNamespace(kill=lambda pid, sig: killed.append(sig), getpid=lambda: 0))
+    replica = RecordingReplica()
+    replica.ready.set()
+    election = leadership.start_leader_election(
+        load(flags=_ELECTION, env={}, config_file=None), replica, api=cast(CoreApi, None)
+    )
+    try:
+        threading.Event().wait(3 * _ELECTION["leader_elect_renew_deadline_seconds"])  # the list still hangs
+        assert ("leading", election.elector.identity) in replica.calls
+        assert not election.lost.is_set() and election.elector.leading.is_set() and killed == []
+        assert lease.record is not None and lease.record.holder == election.elector.identity
+        assert lease.record.renew_time is not None  # renewed while the list hangs, not only when it was won
+        renewed_ago = (dt.datetime.now(dt.UTC) - lease.record.renew_time).total_seconds()
+        assert renewed_ago < _ELECTION["leader_elect_renew_deadline_seconds"]
+    finally:
+        listed.set()
+        assert replica.seeded.wait(5)
+        election.release()
 
 
 def test_a_standby_names_the_holder_and_never_leads_while_the_lease_is_live(lease: MemoryLease) -> None:

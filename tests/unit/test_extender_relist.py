@@ -140,3 +140,26 @@ def test_slimmed_objects_rebuild_the_same_state_and_books() -> None:
     assert slim.books.pods == whole.books.pods
     assert slim.books.nominated.keys() == whole.books.nominated.keys() == {"ns/p6"}
     assert slim.learning.learned == whole.learning.learned == 7
+
+
+def test_the_collector_is_paused_while_lists_run_and_resumes_after_the_last() -> None:
+    import gc
+
+    from scheduler_extender.gcpause import paused_gc
+
+    assert gc.isenabled()
+    seen: list[bool] = []
+    r = Reflector(
+        name="pods", list_call=Pages([_pod(i) for i in range(3)]), replace=lambda items: seen.append(gc.isenabled()),
+        handle=lambda k, o: None,
+    )  # fmt: skip
+    with paused_gc():  # another reflector's list overlapping this one
+        r._list()
+        assert seen == [False] and not gc.isenabled()  # the other list still runs
+    assert gc.isenabled()
+    with pytest.raises(ApiException):  # a failing list resumes the collector too
+        Reflector(
+            name="p", list_call=Pages([_pod(i) for i in range(7)], expire_after=0), replace=seen.append,
+            handle=lambda k, o: None, page_size=3,
+        )._list()  # fmt: skip
+    assert gc.isenabled()
