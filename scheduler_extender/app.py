@@ -42,8 +42,10 @@ MAX_BODY = 16 * 1024 * 1024
 # Parsing holds the GIL: 2.8 million tiny JSON values took 1.7 s and ~300 MiB whatever thread ran it. 200,000 parse
 # in ~40 ms into ~15 MiB; a pod has a few hundred, 15,000 node names 15,000.
 MAX_JSON_VALUES = 200_000
-# Binds in flight at once; more wait for a thread (kube-scheduler's binding goroutines are not bounded).
-BIND_THREADS = 64
+# Binds in flight at once; more wait for a thread (kube-scheduler's binding goroutines are not bounded). A bind
+# takes a few hundred ms when the apiserver keeps up (15 in flight at 50 pods/s); when it does not, more concurrent
+# writes only queue there and time out together.
+BIND_THREADS = 32
 
 
 def _json(obj: Any, status: int = 200) -> Response:

@@ -32,11 +32,11 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 CoreApi = client.CoreV1Api
 
 # Connections kept to the apiserver. The client's default is cpu_count * 5 (kubernetes-client 37.0.2,
-# kubernetes/client/configuration.py, connection_pool_maxsize), 10 on two cores; binds run on up to 64 threads
+# kubernetes/client/configuration.py, connection_pool_maxsize), 10 on two cores; binds run on up to 32 threads
 # (scheduler_extender.app.BIND_THREADS) next to two watches, the requeuer, the election and /preempt's PDB list, so
 # under load every bind past the tenth opened a new TLS connection and urllib3 threw it away afterwards ("Connection
 # pool is full, discarding connection"): handshakes were the bind's largest CPU cost in benchmarks/scale.py.
-POOL_SIZE = 80
+POOL_SIZE = 48
 
 
 def core_api() -> client.CoreV1Api:

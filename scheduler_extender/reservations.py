@@ -19,6 +19,8 @@ from vgpu.planner import Planner
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState
 
+MAX_ROLLED_BACK = 10_000
+
 
 class Refused(Exception):
     """A bind refused before anything changed; the message says why."""
@@ -43,6 +45,9 @@ class Reservations:
         # Pods whose Binding may still land (`unsettled`), with their UID: held until the watch shows them bound or
         # gone, or a fence (`due_fences`, `fenced`) made sure it can no longer land.
         self._unknown: dict[str, str] = {}
+        # Pods whose last bind here rolled back (insertion-ordered, bounded): an unbound reservation of theirs that
+        # shows up later is that bind's late PATCH, which no Binding follows (`reserve`).
+        self._rolled_back: dict[str, None] = {}
 
     def __contains__(self, key: object) -> bool:
         """A bind of this pod is in flight: between `reserve` and its end, or its Binding's outcome is unknown (the
@@ -59,6 +64,16 @@ class Reservations:
         if key in self._inflight:
             raise Refused("a bind of this pod is already in progress")
         held = self.state.assignments.get(key) or self.state.orphans.get(key)
+        if held is not None and key in self._rolled_back and key in self.sync.unbound:
+            # An unbound reservation left by our own bind of this pod that rolled back: its assignment PATCH landed
+            # after the bind gave up on it, but that bind never sent (or had refused) its Binding, so nothing can
+            # bind the pod with it. Under apiserver overload such late PATCHes kept every retry refused for the
+            # grace, and each refusal cost kube-scheduler a status write and an event (benchmarks/scale.py).
+            del self.sync.unbound[key]
+            self.state.release(key)
+            self.sync.settle()
+            self._freed()
+            held = None
         if held is not None:
             raise Refused(
                 f"it holds a live assignment on {held.node}; refused until that is released "
@@ -86,13 +101,19 @@ class Reservations:
 
     def bound(self, key: str) -> None:
         """The Binding landed: the slices stay held, now by a bound pod."""
+        self._rolled_back.pop(key, None)
         self._inflight.discard(key)
         self._count(len(self._inflight))
 
     def roll_back(self, key: str, assignment: Assignment | None) -> None:
-        """The write or the Binding failed: free what `reserve` held; refused claims and pending pods may fit now."""
+        """The write or the Binding failed (its Binding never sent, or refused with a status, so it cannot land):
+        free what `reserve` held; refused claims and pending pods may fit now."""
         self._inflight.discard(key)
         self._count(len(self._inflight))
+        self._rolled_back.pop(key, None)
+        if len(self._rolled_back) >= MAX_ROLLED_BACK:
+            del self._rolled_back[next(iter(self._rolled_back))]
+        self._rolled_back[key] = None
         if assignment is not None:
             self.state.release(key)
             self.sync.settle()
@@ -108,6 +129,7 @@ class Reservations:
         through /filter does not free them early."""
         self._inflight.discard(key)
         self._count(len(self._inflight))
+        self._rolled_back.pop(key, None)  # this Binding may land: its reservation is never taken for a late PATCH
         if self.state.assignments.get(key) is not None or key in self.state.orphans:
             self.sync.hold_unbound(key)
             self._unknown[key] = uid

@@ -13,7 +13,7 @@ from scheduler_extender.learning import LEARN_BOOTSTRAP
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.sources.kube import KubeSource
 from vgpu import annotations as ann
-from vgpu.annotations import Assignment
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.placement import registry
 from vgpu.placement.frag import shape_of
@@ -482,3 +482,45 @@ def test_an_unknown_binding_the_fence_finds_landed_keeps_its_slices(
     now[0] += svc.sync.bind_grace_s + 1
     svc.expire_unbound()
     assert binder.fenced == ["ns/p"] and svc.state.assignments["ns/p"] == held
+
+
+def test_a_late_patch_of_a_rolled_back_bind_does_not_refuse_the_retry(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    """The assignment PATCH timed out and the bind rolled back, its Binding never sent; the PATCH then lands and the
+    watch shows the pod unbound with that assignment. Nothing can bind the pod with it, so kube-scheduler's retry
+    is bound, not refused 'holds a live assignment' for the grace (benchmarks/scale.py under apiserver overload)."""
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    binder.fail_write = True
+    assert "binding failed" in _bind(svc, pod, "a")
+    late = copy.deepcopy(pod)
+    late["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(
+            Assignment("a", (ContainerAssignment("c", (DeviceSlice("GPU-a-0", 0, 40960, 50),)),))
+        ),
+        ann.POD_BIND_PHASE: "allocating",
+    }
+    svc.pod_event("MODIFIED", late)
+    assert "ns/p" in svc.sync.unbound  # held as an unbound reservation, as any assignment without its Binding
+    binder.fail_write = False
+    assert _bind(svc, pod, "b") == ""
+    assert svc.state.assignments["ns/p"].node == "b" and pod["spec"]["nodeName"] == "b"
+
+
+def test_an_unbound_reservation_not_left_by_our_rolled_back_bind_still_refuses(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    svc, binder = setup
+    pod = _pod("p")
+    binder.pods["ns/p"] = pod
+    other = copy.deepcopy(pod)  # an assignment whose Binding may still come (another replica, before a restart)
+    other["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(
+            Assignment("a", (ContainerAssignment("c", (DeviceSlice("GPU-a-0", 0, 40960, 50),)),))
+        ),
+        ann.POD_BIND_PHASE: "allocating",
+    }
+    svc.pod_event("ADDED", other)
+    assert "holds a live assignment on a" in _bind(svc, pod, "b")
