@@ -320,6 +320,8 @@ def audit_pods(core: Any, namespace: str, wave: str) -> tuple[int, int]:
     for p in orjson.loads(pods.data)["items"]:
         a = p["metadata"].get("annotations") or {}
         if p["spec"].get("nodeName"):
+            if ann.POD_ASSIGNMENT not in a:
+                raise AssertionError(f"{p['metadata']['name']}: bound to {p['spec']['nodeName']} without an assignment")
             assignment = ann.decode_assignment(a[ann.POD_ASSIGNMENT])
             if assignment.node != p["spec"]["nodeName"]:
                 raise AssertionError(f"{p['metadata']['name']}: assignment on {assignment.node}, bound elsewhere")

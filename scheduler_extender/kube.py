@@ -165,6 +165,9 @@ class KubeBinder:
         self.clock = clock
         self._versions: dict[str, str] = {}
         self._written: dict[str, str] = {}  # the assignment annotation each bind in flight wrote
+        # The resourceVersion each pod's last Binding was sent on (its precondition), for `fence`: `_versions` moves
+        # on with every later read of the pod (a retry's GET of the pod, bound by then), this does not.
+        self._sent: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def _remember(self, namespace: str, name: str, version: str) -> None:
@@ -217,6 +220,7 @@ class KubeBinder:
         an earlier attempt), so read the pod and bind on its new version only while it is still exactly as this
         bind left it: same UID, unbound, our assignment in phase allocating."""
         written = self._version_of(namespace, name)
+        self._sent_on(namespace, name, written)
         try:
             create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=written)
         except ApiException as exc:
@@ -225,11 +229,12 @@ class KubeBinder:
             pod = get_pod(self.api, namespace=namespace, name=name)
             if pod is None or not self._still_ours(pod, uid, namespace, name):
                 raise
-            self._remember(namespace, name, _version(pod))  # what a fence must move past if this one is lost
+            self._sent_on(namespace, name, _version(pod))  # what a fence must move past if this one is lost
             create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=_version(pod))
         finally:
             self._written.pop(f"{namespace}/{name}", None)
         self._version_of(namespace, name, forget=True)
+        self._forget_sent(namespace, name)
 
     def _still_ours(self, pod: dict[str, Any], uid: str, namespace: str, name: str) -> bool:
         meta = pod.get("metadata") or {}
@@ -243,21 +248,22 @@ class KubeBinder:
 
     def fence(self, *, namespace: str, name: str, uid: str) -> bool:
         """Make sure a Binding whose outcome is unknown can no longer land: it was sent conditional on the version
-        remembered here (create_binding's preconditions), so a write that moves the pod past that version fences
-        it. Marks the assignment failed on that version; a 409 reads the pod: bound means it landed (False),
+        recorded when it was sent (create_binding's preconditions), so a write that moves the pod past that version
+        fences it. Marks the assignment failed on that version; a 409 reads the pod: bound means it landed (False),
         unbound at another version, recreated or gone means it never can (True). A failed call raises."""
-        version = self._version_of(namespace, name)
+        with self._lock:
+            version = self._sent.get(f"{namespace}/{name}", "")
         annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
         if version:
             try:
                 patch_pod_annotations(
                     self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=version
                 )
-                self._version_of(namespace, name, forget=True)
+                self._forget_sent(namespace, name)
                 return True
             except ApiException as exc:
                 if exc.status == 404:
-                    self._version_of(namespace, name, forget=True)
+                    self._forget_sent(namespace, name)
                     return True
                 if exc.status != 409:
                     raise
@@ -265,7 +271,7 @@ class KubeBinder:
         if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
             if (pod.get("spec") or {}).get("nodeName"):
                 return False
-            if not version:  # never read: the Binding's version is unknown, so move the pod past any
+            if not version:  # the Binding's version is unknown: move the unbound pod past any (a 409 raises)
                 patch_pod_annotations(
                     self.api,
                     namespace=namespace,
@@ -274,8 +280,20 @@ class KubeBinder:
                     annotations=annotations,
                     resource_version=_version(pod),
                 )
-        self._version_of(namespace, name, forget=True)
+        self._forget_sent(namespace, name)
         return True
+
+    def _sent_on(self, namespace: str, name: str, version: str) -> None:
+        with self._lock:
+            key = f"{namespace}/{name}"
+            self._sent.pop(key, None)
+            if len(self._sent) >= self.MAX_VERSIONS:
+                del self._sent[next(iter(self._sent))]
+            self._sent[key] = version
+
+    def _forget_sent(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._sent.pop(f"{namespace}/{name}", None)
 
     def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
         """Remove the assignment (phase failed) if the pod is as this binder left it. On 409 (the assignment

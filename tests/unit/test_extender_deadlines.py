@@ -218,12 +218,27 @@ def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shorten
         kube.configure_timeouts(before)
 
 
-def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(apiserver: tuple[KubeBinder, Any]) -> None:
-    """A late Binding carries this version as its precondition: a write on it moves the pod past it."""
+def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(
+    apiserver: tuple[KubeBinder, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late Binding carries the version it was sent on as its precondition: the fence writes on that one, not on
+    a version read since (a retry's read of the pod, bound by then: marking that failed stripped a bound pod of
+    its assignment in benchmarks/scale.py)."""
+    from scheduler_extender import kube
+
     binder, handler = apiserver
-    binder.get_pod(namespace="ns", name="p")
+    binder.get_pod(namespace="ns", name="p")  # version 7
+    binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)  # version 8
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        raise TimeoutError("read timed out")
+
+    monkeypatch.setattr(kube, "create_binding", lost)
+    with pytest.raises(TimeoutError):
+        binder.bind(namespace="ns", name="p", uid="u1", node="a")  # sent on version 8, outcome unknown
+    binder.get_pod(namespace="ns", name="p")  # the pod's retry reads it again (version 7 here)
     assert binder.fence(namespace="ns", name="p", uid="u1") is True
     method, path, body = handler.seen[-1]
     assert method == "PATCH" and path.endswith("/namespaces/ns/pods/p")
-    assert body["metadata"]["resourceVersion"] == "7" and body["metadata"]["uid"] == "u1"
+    assert body["metadata"]["resourceVersion"] == "8" and body["metadata"]["uid"] == "u1"
     assert body["metadata"]["annotations"] == {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}
