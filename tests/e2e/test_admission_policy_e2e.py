@@ -578,3 +578,28 @@ def test_the_second_scheduler_writes_its_own_lease_only(cluster: Cluster) -> Non
         "not leases kube-system/kube-scheduler"
     ) in msg
     _denied(lambda: c.scheduler.create_namespaced_lease("kube-system", _lease(f"other-{c.ns}")))
+
+
+def test_a_binding_carrying_vgpu_annotations_is_denied_even_to_cluster_admins(cluster: Cluster) -> None:
+    """The apiserver copies a Binding's annotations onto the pod; only the extender may carry vgpu.io/ keys there."""
+    c = cluster
+    c.tenant_pod("forged-binding")
+
+    def bind(api: client.CoreV1Api, annotations: dict[str, str]) -> Any:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "forged-binding", "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": c.node_a},
+        }
+        # The generated client cannot read the Status a Binding answers with: take the raw response.
+        return api.create_namespaced_pod_binding("forged-binding", c.ns, body, _preload_content=False, dry_run="All")
+
+    forged = {ann.POD_ASSIGNMENT: _assignment(c.node_a)}
+    _wait("the binding policy", lambda: "vgpu-binding-protocol" in _refusal(lambda: bind(c.admin, forged)))
+    msg = _refusal(lambda: bind(c.admin, forged))
+    assert "vgpu.io/assignment" in msg and f"only from the scheduler extender ({EXTENDER})" in msg
+    assert _refusal(lambda: bind(c.admin, {"team": "x"})) == ""  # a plain Binding by an admin passes
+    assert _refusal(lambda: bind(c.extender, forged)) == ""  # the extender's own
+    pod = c.admin.read_namespaced_pod("forged-binding", c.ns)  # dry runs: nothing landed
+    assert not pod.spec.node_name and ann.POD_ASSIGNMENT not in (pod.metadata.annotations or {})
