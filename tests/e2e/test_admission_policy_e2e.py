@@ -600,6 +600,17 @@ def test_a_binding_carrying_vgpu_annotations_is_denied_even_to_cluster_admins(cl
     msg = _refusal(lambda: bind(c.admin, forged))
     assert "vgpu.io/assignment" in msg and f"only from the scheduler extender ({EXTENDER})" in msg
     assert _refusal(lambda: bind(c.admin, {"team": "x"})) == ""  # a plain Binding by an admin passes
+    body_label = lambda: c.admin.create_namespaced_pod_binding(  # noqa: E731
+        "forged-binding",
+        c.ns,
+        {
+            "metadata": {"name": "forged-binding", "labels": {"vgpu.io/extender-leader": "true"}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": c.node_a},
+        },
+        _preload_content=False,
+        dry_run="All",
+    )
+    assert "vgpu.io/extender-leader" in _refusal(body_label)
     assert _refusal(lambda: bind(c.extender, forged)) == ""  # the extender's own
     pod = c.admin.read_namespaced_pod("forged-binding", c.ns)  # dry runs: nothing landed
     assert not pod.spec.node_name and ann.POD_ASSIGNMENT not in (pod.metadata.annotations or {})
