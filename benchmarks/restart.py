@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import select
 import signal
 import socket
@@ -57,7 +56,7 @@ from kubernetes import client
 
 from kube_vgpu_dev import components
 from kube_vgpu_dev.controlplane import ControlPlane
-from kube_vgpu_dev.processes import free_port
+from kube_vgpu_dev.processes import cpu_seconds, free_port, rss_mib
 from kube_vgpu_dev.stack import GPU_MEM, SCHEDULER, SPLIT, Extender, inventory, lease_rbac, scheduler_config
 from vgpu import annotations as ann
 
@@ -179,19 +178,6 @@ def create_pods(core_of: Any, start: int, stop: int, nodes: int, threads: int) -
 
 
 # ---- measuring
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (proc(5): fields 14 and 15 of /proc/<pid>/stat, in clock ticks)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MiB, from /proc/<pid>/status."""
-    got = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M))
-    return int(got["VmRSS"]) / 1024, int(got["VmHWM"]) / 1024
 
 
 def audit_count(path: Path, since: float) -> collections.Counter[str]:

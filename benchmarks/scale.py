@@ -49,6 +49,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube_vgpu_dev.controlplane import ControlPlane
+from kube_vgpu_dev.processes import cpu_seconds, rss_mib
 from kube_vgpu_dev.stack import (
     BIND_GRACE_S,
     GPU_MEM,
@@ -243,19 +244,6 @@ class BindWatch:
 
     def close(self) -> None:
         self.stop.set()
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (proc(5): fields 14 and 15 of /proc/<pid>/stat, in clock ticks)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MiB, from /proc/<pid>/status."""
-    got = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M))
-    return int(got["VmRSS"]) / 1024, int(got["VmHWM"]) / 1024
 
 
 class Audit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import ssl
@@ -143,3 +144,16 @@ class ManagedProcess:
                 return
             time.sleep(0.2)
         raise ControlPlaneError(f"{what} not ready after {timeout}s:\n{self.tail()}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (proc(5): fields 14 and 15 of /proc/<pid>/stat, in clock ticks)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB, from /proc/<pid>/status."""
+    got = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M))
+    return int(got["VmRSS"]) / 1024, int(got["VmHWM"]) / 1024
