@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from scheduler_extender.binder import Binder
 from scheduler_extender.holds import SoftHolds
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
+from scheduler_extender.preempt import Held
 from scheduler_extender.recent import RecentPods
 from scheduler_extender.reservations import Refused, Reservations
 from scheduler_extender.unbound_pods import UnboundPods
@@ -68,6 +70,9 @@ class BindVerb:
     watched: UnboundPods | None = None
     # Where /prioritize expected pods to be bound (scheduler_extender.holds): a pod's hold ends when its bind starts.
     holds: SoftHolds | None = None
+    # Pods that preempted for room hold it against lower-priority pods (scheduler_extender.preempt), here as at
+    # /filter: a pod filtered just before a nomination became known must not bind into the room either.
+    claims: Callable[[Mapping[str, Any], PodInfo], AbstractContextManager[Held]] | None = None
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
@@ -90,7 +95,13 @@ class BindVerb:
                 pod, watched = self._pod_to_bind(args, key, seen)
             info = self._parse_to_bind(pod)
             with self.lock:
-                assignment = self.reservations.reserve(key, args.Node, info)
+                if self.claims is None or info.request.is_empty:
+                    assignment = self.reservations.reserve(key, args.Node, info)
+                else:
+                    with self.claims(pod, info) as held:
+                        if args.Node in held.closed:
+                            raise Refused(held.closed[args.Node])
+                        assignment = self.reservations.reserve(key, args.Node, info)
         except Refused as exc:
             return self._bind_failed(key, args.Node, str(exc))
         uid = pod_uid(pod) or args.PodUID

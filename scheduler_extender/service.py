@@ -111,6 +111,9 @@ class ExtenderService:
             lease_until=lambda: self._lease_until(),
             watched=self.unbound,
             holds=self.holds,
+            claims=lambda pod, info: nominations_held(
+                self.state, self.planner, self.books, info, pod_priority(pod, info.request), self._parse
+            ),
         )
         # With leader election: until when this replica may still bind (LeaderElector.valid_until).
         self._lease_until: Callable[[], float] = lambda: math.inf

@@ -208,6 +208,40 @@ def test_a_node_is_closed_to_lower_priority_pods_while_the_preemptors_victims_te
     assert r["NodeNames"] == ["a"], r
 
 
+def test_bind_honours_the_preemptors_hold_as_filter_does() -> None:
+    """A lower-priority pod that passed /filter just before the nomination became known must not bind into the room."""
+    svc, http = _service()
+    pods = _fill(svc)
+    binder = svc.binder
+    assert isinstance(binder, FakeBinder)
+    online = _pod("online", 40000, 1000)
+    online["status"] = {"nominatedNodeName": "a"}
+    svc.pod_event("ADDED", online)
+    leaving = copy.deepcopy(pods["b1"])
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-03T00:00:00Z"
+    svc.pod_event("MODIFIED", leaving)
+    small = _pod("small-batch", 10000, 1)
+    binder.pods["ns/small-batch"] = small
+
+    def bind(pod: dict[str, Any]) -> dict[str, Any]:
+        body = {"PodName": pod["metadata"]["name"], "PodNamespace": "ns", "PodUID": pod["metadata"]["uid"], "Node": "a"}
+        out: dict[str, Any] = http.post("/bind", json=body).json()
+        return out
+
+    # b1 still terminating: node a is closed to the small pod, nothing reserved.
+    assert "held for pod ns/online" in bind(small)["Error"]
+    assert "ns/small-batch" not in svc.state.assignments
+    # b1 gone: online's stand-in takes 40000 of GPU 0's 51920 MiB; a 40000 batch pod no longer fits anywhere on a.
+    svc.pod_event("DELETED", leaving)
+    big = _pod("big-batch", 40000, 1)
+    binder.pods["ns/big-batch"] = big
+    assert "no longer fits" in bind(big)["Error"]
+    # The small pod fits beside the stand-in, and binds; the stand-in is gone after the call.
+    assert bind(small).get("Error", "") == ""
+    assert "ns/small-batch" in svc.state.assignments
+    assert all(not k.startswith("nominated:") for k in svc.state.assignments)
+
+
 class _StatusRace(BaseHTTPRequestHandler):
     """A pod whose status kube-scheduler rewrites between our assignment PATCH (-> version 8) and our Binding: the
     first Binding gets 409; GET then shows version 9 with `held` as its annotations."""
