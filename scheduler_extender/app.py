@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -185,8 +185,7 @@ def _probe_routes(service: ExtenderService) -> list[Route]:
     async def metrics(request: Request) -> Response:
 
         def scrape() -> bytes:
-            with service.lock:
-                return generate_latest(service.metrics.registry)
+            return service.metrics.exposition(service.lock)  # the state lock only for the allocation view
 
         return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
 

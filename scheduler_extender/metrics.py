@@ -7,166 +7,238 @@ so dashboards can join allocation with DCGM/our node exporter usage.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vgpu.state import ClusterState
+from vgpu.state import ClusterState, NodeState
 
 MIB = 1024 * 1024
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+_GPU = ("Hostname", "gpu", "UUID", "modelName")
+_NODE = ("Hostname",)
+# (name, help, label names) of the per-node families, in the order rows are produced for a node.
+_FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("vgpu_gpu_memory_total_bytes", "GPU memory advertised", _GPU),
+    ("vgpu_gpu_memory_allocated_bytes", "GPU memory allocated to slices", _GPU),
+    ("vgpu_gpu_cores_allocated_ratio", "Share of SMs reserved by slices (0-1)", _GPU),
+    ("vgpu_gpu_sharers", "Slices on the GPU", _GPU),
+    ("vgpu_gpu_role_slices", "Slices on the GPU by role", (*_GPU, "role")),
+    ("vgpu_gpu_healthy", "1 if the node inventory reports the GPU healthy", _GPU),
+    ("vgpu_gpu_cordoned", "1 if the admin cordoned the GPU (vgpu.io/cordoned-gpus): no new slices", _GPU),
+    ("vgpu_node_memory_allocated_bytes", "GPU memory allocated per node", _NODE),
+    ("vgpu_node_memory_total_bytes", "GPU memory advertised per node (healthy or not)", _NODE),
+    ("vgpu_node_cores_allocated_ratio", "Share of the node's SMs reserved by slices (0-1)", _NODE),
+    ("vgpu_node_cordoned_gpus", "GPUs of the node's inventory that are cordoned", _NODE),
+    (
+        "vgpu_node_cordon_invalid_entries",
+        "Entries of the node's cordon annotation not honoured as written: malformed (not a GPU UUID, ignored) or"
+        " unknown (not in the inventory, kept)",
+        ("Hostname", "problem"),
+    ),
+)
+_TOTALS = (
+    ("vgpu_allocated_pods", "Pods holding slices"),
+    ("vgpu_orphan_allocations", "Assignments whose node or GPU is unknown"),
+    ("vgpu_conflicting_allocations", "Assignments that would over-commit a GPU"),
+)
+Rows = tuple[list[tuple[tuple[str, ...], float]], ...]  # per family: (label values, value)
+
+
+def _node_rows(node: NodeState) -> Rows:
+    rows: Rows = tuple([] for _ in _FAMILIES)
+    mem_total, mem_alloc, cores, sharers, roles, healthy, cordoned = rows[:7]
+    node_alloc, node_mem_total, node_cores, node_cordoned, cordon_invalid = rows[7:]
+    cordon = node.inventory.cordon
+    used_sum = mem_sum = cores_used = cores_sum = 0
+    for u in node.gpus:
+        d = u.device
+        lv = (node.name, str(d.index), d.uuid, d.model)
+        mem_total.append((lv, d.memory_mib * MIB))
+        mem_alloc.append((lv, u.memory_used * MIB))
+        cores.append((lv, u.cores_used / d.cores))
+        sharers.append((lv, u.sharers))
+        healthy.append((lv, 1.0 if d.healthy else 0.0))
+        cordoned.append((lv, 1.0 if d.uuid in cordon.uuids else 0.0))
+        by_role: dict[str, int] = {}
+        for h in u.holders:
+            by_role[h.role.value] = by_role.get(h.role.value, 0) + 1
+        roles.extend(((*lv, role), n) for role, n in sorted(by_role.items()))
+        used_sum += u.memory_used
+        mem_sum += d.memory_mib
+        cores_used += u.cores_used
+        cores_sum += d.cores
+    node_alloc.append(((node.name,), used_sum * MIB))
+    node_mem_total.append(((node.name,), mem_sum * MIB))
+    node_cores.append(((node.name,), cores_used / cores_sum if cores_sum else 0.0))
+    node_cordoned.append(((node.name,), sum(1 for u in node.gpus if u.device.uuid in cordon.uuids)))
+    cordon_invalid.append(((node.name, "malformed"), len(cordon.malformed)))
+    cordon_invalid.append(((node.name, "unknown"), len(cordon.unknown)))
+    return rows
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    return ",".join(k + '="' + _escape(v) + '"' for k, v in zip(names, values, strict=True))
+
+
+def _lines(name: str, labels: tuple[str, ...], rows: list[tuple[tuple[str, ...], float]]) -> str:
+    """Prometheus text exposition format 0.0.4 sample lines."""
+    return "".join(f"{name}{{{_labels(labels, lv)}}} {float(x)!r}\n" for lv, x in rows)
+
+
 class AllocationCollector(Collector):
-    """Reads the live cluster state at scrape time; no copies to keep in sync."""
+    """Reads the live cluster state at scrape time; no copies to keep in sync.
+
+    At 5,000 nodes x 8 GPUs the per-GPU families are ~360,000 samples (24 MB of text): built through
+    prometheus_client they took 5-6 s, under the state lock the verbs need, past kube-scheduler's 5 s httpTimeout.
+    So each node's rows and text are kept per node version and redone only for nodes that changed; `text` is what
+    /metrics serves (the lock held only to pick up the nodes), `collect` the same rows for a registry reader."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
+        # node name -> (the NodeState, its version, rows, text per family)
+        self._cache: dict[str, tuple[NodeState, int, Rows, tuple[str, ...]]] = {}
+
+    def _current(self) -> list[tuple[Rows, tuple[str, ...]]]:
+        out = []
+        cache = self._cache
+        for name, node in self.state.nodes.items():
+            hit = cache.get(name)
+            if hit is None or hit[0] is not node or hit[1] != node.version:
+                rows = _node_rows(node)
+                text = tuple(_lines(f[0], f[2], r) for f, r in zip(_FAMILIES, rows, strict=True))
+                hit = cache[name] = (node, node.version, rows, text)
+            out.append((hit[2], hit[3]))
+        if len(cache) > len(self.state.nodes):
+            for gone in [n for n in cache if n not in self.state.nodes]:
+                del cache[gone]
+        return out
+
+    def _totals(self) -> tuple[int, int, int]:
+        return len(self.state.assignments), len(self.state.orphans), len(self.state.conflicts)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["Hostname", "gpu", "UUID", "modelName"]
-        mem_total = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU memory advertised", labels=labels)
-        mem_alloc = GaugeMetricFamily(
-            "vgpu_gpu_memory_allocated_bytes", "GPU memory allocated to slices", labels=labels
-        )
-        cores = GaugeMetricFamily(
-            "vgpu_gpu_cores_allocated_ratio", "Share of SMs reserved by slices (0-1)", labels=labels
-        )
-        sharers = GaugeMetricFamily("vgpu_gpu_sharers", "Slices on the GPU", labels=labels)
-        roles = GaugeMetricFamily("vgpu_gpu_role_slices", "Slices on the GPU by role", labels=[*labels, "role"])
-        healthy = GaugeMetricFamily(
-            "vgpu_gpu_healthy", "1 if the node inventory reports the GPU healthy", labels=labels
-        )
-        node_alloc = GaugeMetricFamily(
-            "vgpu_node_memory_allocated_bytes", "GPU memory allocated per node", labels=["Hostname"]
-        )
-        node_mem_total = GaugeMetricFamily(
-            "vgpu_node_memory_total_bytes", "GPU memory advertised per node (healthy or not)", labels=["Hostname"]
-        )
-        node_cores = GaugeMetricFamily(
-            "vgpu_node_cores_allocated_ratio", "Share of the node's SMs reserved by slices (0-1)", labels=["Hostname"]
-        )
-        cordoned = GaugeMetricFamily(
-            "vgpu_gpu_cordoned", "1 if the admin cordoned the GPU (vgpu.io/cordoned-gpus): no new slices", labels=labels
-        )
-        node_cordoned = GaugeMetricFamily(
-            "vgpu_node_cordoned_gpus", "GPUs of the node's inventory that are cordoned", labels=["Hostname"]
-        )
-        cordon_invalid = GaugeMetricFamily(
-            "vgpu_node_cordon_invalid_entries",
-            "Entries of the node's cordon annotation not honoured as written: malformed (not a GPU UUID, ignored) or"
-            " unknown (not in the inventory, kept)",
-            labels=["Hostname", "problem"],
-        )
-        for node in self.state.nodes.values():
-            node_cordon = node.inventory.cordon
-            node_total = 0
-            mem_sum = 0
-            cores_used = 0
-            cores_sum = 0
-            for u in node.gpus:
-                d = u.device
-                lv = [node.name, str(d.index), d.uuid, d.model]
-                mem_total.add_metric(lv, d.memory_mib * MIB)
-                mem_alloc.add_metric(lv, u.memory_used * MIB)
-                cores.add_metric(lv, u.cores_used / d.cores)
-                sharers.add_metric(lv, u.sharers)
-                healthy.add_metric(lv, 1.0 if d.healthy else 0.0)
-                cordoned.add_metric(lv, 1.0 if d.uuid in node_cordon.uuids else 0.0)
-                by_role: dict[str, int] = {}
-                for h in u.holders:
-                    by_role[h.role.value] = by_role.get(h.role.value, 0) + 1
-                for role, n in sorted(by_role.items()):
-                    roles.add_metric([*lv, role], n)
-                node_total += u.memory_used
-                mem_sum += d.memory_mib
-                cores_used += u.cores_used
-                cores_sum += d.cores
-            node_alloc.add_metric([node.name], node_total * MIB)
-            node_mem_total.add_metric([node.name], mem_sum * MIB)
-            node_cores.add_metric([node.name], cores_used / cores_sum if cores_sum else 0.0)
-            node_cordoned.add_metric([node.name], sum(1 for u in node.gpus if u.device.uuid in node_cordon.uuids))
-            cordon_invalid.add_metric([node.name, "malformed"], len(node_cordon.malformed))
-            cordon_invalid.add_metric([node.name, "unknown"], len(node_cordon.unknown))
-        pods = GaugeMetricFamily("vgpu_allocated_pods", "Pods holding slices")
-        pods.add_metric([], len(self.state.assignments))
-        orphans = GaugeMetricFamily("vgpu_orphan_allocations", "Assignments whose node or GPU is unknown")
-        orphans.add_metric([], len(self.state.orphans))
-        conflicts = GaugeMetricFamily("vgpu_conflicting_allocations", "Assignments that would over-commit a GPU")
-        conflicts.add_metric([], len(self.state.conflicts))
-        yield from (mem_total, mem_alloc, cores, sharers, roles, healthy, node_alloc, pods, orphans, conflicts)
-        yield from (node_mem_total, node_cores, cordoned, node_cordoned, cordon_invalid)
+        nodes = self._current()
+        for i, (name, doc, labels) in enumerate(_FAMILIES):
+            family = GaugeMetricFamily(name, doc, labels=list(labels))
+            for rows, _ in nodes:
+                for lv, x in rows[i]:
+                    family.add_metric(list(lv), x)
+            yield family
+        for (name, doc), value in zip(_TOTALS, self._totals(), strict=True):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
+
+    def pieces(self) -> list[str]:
+        """The exposition text of every allocation family, as pieces to join; call it under the state lock (it
+        only picks up each node's cached text and redoes the nodes that changed)."""
+        nodes = self._current()
+        out: list[str] = []
+        for i, (name, doc, _) in enumerate(_FAMILIES):
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
+            out.extend(text[i] for _, text in nodes)
+        for (name, doc), value in zip(_TOTALS, self._totals(), strict=True):
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n{name} {float(value)!r}\n")
+        return out
+
+
+class _Rest(Collector):
+    """Every metric but the allocation view: generate_latest of it runs outside the state lock."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
 
 
 class ExtenderMetrics:
     def __init__(self, state: ClusterState, registry: CollectorRegistry | None = None) -> None:
+        # `registry` holds everything (tests and registry readers); /metrics renders the allocation view from its
+        # per-node text cache under the lock and the rest (`self.rest`) outside it (`exposition`).
         self.registry = registry or CollectorRegistry()
-        self.registry.register(AllocationCollector(state))
+        self.allocation = AllocationCollector(state)
+        self.registry.register(self.allocation)
+        self.rest = CollectorRegistry()
         self.latency = Histogram(
             "vgpu_extender_request_duration_seconds",
             "Extender verb latency",
             ["verb"],
             buckets=_BUCKETS,
-            registry=self.registry,
+            registry=self.rest,
         )
         self.failures = Counter(
             "vgpu_extender_failures_total",
             "Filter and bind failures by reason",
             ["verb", "reason"],
-            registry=self.registry,
+            registry=self.rest,
         )
         self.problems = Counter(
             "vgpu_extender_state_problems_total",
             "Undecodable or conflicting annotations seen",
             ["kind"],
-            registry=self.registry,
+            registry=self.rest,
         )
         self.pending = Gauge(
-            "vgpu_extender_pending_pods", "vGPU pods whose last /filter found no node", registry=self.registry
+            "vgpu_extender_pending_pods", "vGPU pods whose last /filter found no node", registry=self.rest
         )
-        self.inflight = Gauge(
-            "vgpu_extender_inflight_binds", "Binds between reserve and Binding", registry=self.registry
-        )
+        self.inflight = Gauge("vgpu_extender_inflight_binds", "Binds between reserve and Binding", registry=self.rest)
         self.learning_seeded = Counter(
             "vgpu_extender_learning_seeded_pods_total",
             "Running pods that seeded the placement policy's learned workload when the extender started or took over",
-            registry=self.registry,
+            registry=self.rest,
         )
         self.learning_seed_skipped = Counter(
             "vgpu_extender_learning_seed_skipped_pods_total",
             "Running pods with an assignment left out of the seeding, by reason",
             ["reason"],
-            registry=self.registry,
+            registry=self.rest,
         )
         self.requeue_nudges = Counter(
             "vgpu_extender_requeue_nudges",
             "Nudges (vgpu.io/requeue) of pending pods after capacity freed, by outcome: sent, gone (404/409),"
             " error, coalesced (already queued), dropped (over --requeue-max-pods)",
             ["outcome"],
-            registry=self.registry,
+            registry=self.rest,
         )
         self.leader = Gauge(
             "vgpu_extender_leader",
             "1 while this replica serves (leads, or runs without leader election), 0 while it stands by",
-            registry=self.registry,
+            registry=self.rest,
         )
         self.leader.set(1)
         self.standby_refusals = Counter(
             "vgpu_extender_standby_refusals_total",
             "Verbs answered 503 because this replica stands by (kube-scheduler reached a non-leader)",
             ["verb"],
-            registry=self.registry,
+            registry=self.rest,
         )
         self.bad_requests = Counter(
-            "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.registry
+            "vgpu_extender_bad_requests_total", "Requests refused with HTTP 4xx", ["verb"], registry=self.rest
         )
         self.preemptions = Counter(
             "vgpu_extender_preempt_calls_total",
             "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works)",
             ["outcome"],
-            registry=self.registry,
+            registry=self.rest,
         )
+
+        self.registry.register(_Rest(self.rest))
+
+    def exposition(self, lock: AbstractContextManager[object]) -> bytes:
+        """The /metrics body: the allocation view taken under `lock` (the state's), the rest rendered outside it."""
+        with lock:
+            pieces = self.allocation.pieces()
+        return generate_latest(self.rest) + "".join(pieces).encode()
 
     def filter_failure(self, reason: str) -> None:
         self.failures.labels("filter", reason).inc()

@@ -1,0 +1,63 @@
+"""The extender's /metrics body (scheduler_extender.metrics): the allocation view served from per-node text kept per
+node version says exactly what the registry's collector says, after binds, releases, a cordon and a node leaving,
+with label values that need escaping; and it is valid Prometheus text."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_extender.metrics import ExtenderMetrics
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.devices import Cordon, GpuDevice, NodeInventory
+from vgpu.pod import Role
+from vgpu.state import ClusterState
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith(("vgpu_gpu_", "vgpu_node_", "vgpu_allocated", "vgpu_orphan", "vgpu_conflicting"))
+    }
+
+
+def _inventory(name: str, model: str = "H100", cordon: Cordon = Cordon()) -> NodeInventory:
+    gpus = tuple(GpuDevice(f"GPU-{name}-{i}", i, model, 81920, split_count=4) for i in range(2))
+    return NodeInventory(name, gpus, cordon=cordon)
+
+
+def _slice(node: str, gpu: int, mib: int, role: Role = Role.DECODE) -> Assignment:
+    return Assignment(node, (ContainerAssignment("c", (DeviceSlice(f"GPU-{node}-{gpu}", gpu, mib, 25),)),), role=role)
+
+
+def test_served_text_equals_the_collector_through_changes() -> None:
+    state = ClusterState()
+    metrics = ExtenderMetrics(state)
+    lock = threading.RLock()
+
+    def same() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        served = _samples(metrics.exposition(lock).decode())
+        assert served == _samples(generate_latest(metrics.registry).decode())
+        return served
+
+    state.upsert_node(_inventory("a"))
+    state.upsert_node(_inventory('b"\\odd\nname', model='Model "X"\\1'))
+    assert same()[("vgpu_node_memory_total_bytes", (("Hostname", "a"),))] == 2 * 81920 * 1024 * 1024
+    state.apply("ns/p", _slice("a", 0, 20000, Role.PREFILL))
+    state.apply("ns/q", _slice("a", 0, 10000))
+    got = same()
+    labels = (("Hostname", "a"), ("UUID", "GPU-a-0"), ("gpu", "0"), ("modelName", "H100"))
+    assert got[("vgpu_gpu_memory_allocated_bytes", labels)] == 30000 * 1024 * 1024
+    assert got[("vgpu_gpu_sharers", labels)] == 2
+    assert got[("vgpu_gpu_role_slices", (*labels[:3], ("modelName", "H100"), ("role", "prefill")))] == 1
+    assert got[("vgpu_allocated_pods", ())] == 2
+    state.release("ns/p")  # the cached text of node a must be redone
+    assert same()[("vgpu_gpu_memory_allocated_bytes", labels)] == 10000 * 1024 * 1024
+    state.upsert_node(_inventory("a", cordon=Cordon(uuids=frozenset({"GPU-a-1"}))))
+    assert same()[("vgpu_node_cordoned_gpus", (("Hostname", "a"),))] == 1
+    state.remove_node('b"\\odd\nname')
+    assert not any(dict(k[1]).get("Hostname", "").startswith("b") for k in same())
