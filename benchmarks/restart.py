@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kubernetes import client
 
+from benchmarks.scale import BindWatch
 from kube_vgpu_dev import components
 from kube_vgpu_dev.controlplane import ControlPlane
 from kube_vgpu_dev.processes import cpu_seconds, free_port, rss_mib
@@ -439,43 +440,6 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
         b.close()
 
 
-class BindWatch:
-    """When each pod of the namespace first shows spec.nodeName (raw JSON watch)."""
-
-    def __init__(self, cp: ControlPlane) -> None:
-        self.core: Any = client.CoreV1Api(cp.api_client())
-        self.bound: dict[str, float] = {}
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        rv = self.core.list_namespaced_pod(NS, limit=1).metadata.resource_version
-        threading.Thread(target=self._run, args=(rv,), daemon=True).start()
-
-    def _run(self, rv: str) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(Exception):
-                resp = self.core.list_namespaced_pod(
-                    NS, watch=True, resource_version=rv, timeout_seconds=60, _preload_content=False
-                )
-                buf = b""
-                for chunk in resp.stream(65536, decode_content=False):
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    now = time.monotonic()
-                    for line in lines:
-                        if not line:
-                            continue
-                        ev = orjson.loads(line)
-                        obj = ev["object"]
-                        if ev["type"] == "ERROR":
-                            continue
-                        rv = obj["metadata"]["resourceVersion"]
-                        if ev["type"] != "DELETED" and obj["spec"].get("nodeName"):
-                            with self.lock:
-                                self.bound.setdefault(obj["metadata"]["name"], now)
-                    if self.stop.is_set():
-                        return
-
-
 def new_pod(i: int) -> dict[str, Any]:
     """A pending GPU pod (a 10 % llm-d decode slice) for kube-scheduler and the extender to place."""
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "10", "nvidia.com/gpucores": "10"}
@@ -532,7 +496,7 @@ def measure_handover(cp: ControlPlane, cfg: Config, audit_log: Path) -> dict[str
     front = exts[0]
     config = scheduler_config(cp, front).replace(front.url, f"https://127.0.0.1:{proxy.port}")
     cp.start_scheduler(config)
-    watch = BindWatch(cp)
+    watch = BindWatch(cp, NS)
     stop = threading.Event()
     created: dict[str, float] = {}
     since = time.time()
