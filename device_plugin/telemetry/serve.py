@@ -41,20 +41,31 @@ class _Handler(WSGIRequestHandler):
         self.connection.settimeout(self.bounded.timeout_s)  # per read; the deadline below bounds the total
 
     def handle(self) -> None:
+        self._timed_out = False
         deadline = threading.Timer(self.bounded.timeout_s, self._expire)
         deadline.daemon = True
         deadline.start()
         try:
             super().handle()
-        except OSError:  # TimeoutError, reset, or the deadline's shutdown: nothing to answer
+        except TimeoutError:  # the per-read timeout fired before the deadline did: the same expiry
+            self.close_connection = True
+            self._count_expiry()
+        except OSError:  # reset, or the deadline's shutdown: nothing to answer
             self.close_connection = True
         finally:
             deadline.cancel()
 
     def _expire(self) -> None:
-        self.bounded.expired += 1
+        self._count_expiry()
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _count_expiry(self) -> None:
+        """Once per connection, whichever of the read timeout and the deadline fires first."""
+        with self.bounded.count_lock:
+            if not self._timed_out:
+                self._timed_out = True
+                self.bounded.expired += 1
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -69,6 +80,7 @@ class _BoundedServer(ThreadingWSGIServer):
         self.refused = 0
         self.expired = 0
         self._count = threading.Lock()
+        self.count_lock = threading.Lock()
         super().__init__(*args, **kw)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -77,7 +89,8 @@ class _BoundedServer(ThreadingWSGIServer):
             if not full:
                 self.active += 1
         if full:
-            self.refused += 1
+            with self.count_lock:
+                self.refused += 1
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
