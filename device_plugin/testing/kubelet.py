@@ -135,7 +135,8 @@ class FakeKubelet:
 
         threading.Thread(target=follow, daemon=True).start()
 
-    def wait(self, predicate: object, timeout: float = 5.0) -> bool:
+    def wait(self, predicate: object, timeout: float = 30.0) -> bool:
+        """Until `predicate` holds (True) or `timeout` passes (False); generous, as it returns once it holds."""
         with self.state.cond:
             return bool(self.state.cond.wait_for(predicate, timeout=timeout))  # type: ignore[arg-type]
 
