@@ -102,14 +102,15 @@ def slow_client_closed_after(
     host: str, port: int, *, tls: bool, give_up_s: float, request: bytes = SLOW_HEADERS
 ) -> float | None:
     """Send `request` one byte every 0.2 s; the seconds until the server closed the connection, or None if it was
-    still open after `give_up_s`."""
+    still open after `give_up_s`. Timed from before the connect: the server's read deadline starts when it
+    accepts, so the time returned is never shorter than the deadline, however long this thread is preempted."""
+    started = time.monotonic()
     raw = socket.create_connection((host, port), timeout=give_up_s)
     conn: socket.socket = raw
     if tls:
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         conn = ctx.wrap_socket(raw)
-    started = time.monotonic()
     try:
         for byte in request:
             if time.monotonic() - started > give_up_s:

@@ -147,18 +147,21 @@ def test_a_12001_character_quantity_is_refused_in_milliseconds(extender: str) ->
     elapsed = time.perf_counter() - started
     assert r.status_code == 200 and r.json()["NodeNames"] == []
     assert "longer than 64 characters" in next(iter(r.json()["FailedAndUnresolvableNodes"].values()))
-    assert elapsed < 0.5  # the HTTP round trip included; the parse itself is microseconds (tests/unit/test_quantity)
+    # the old regex took 14-20 s; the HTTP round trip included, loose for a loaded machine (the parse itself is
+    # microseconds: tests/unit/test_quantity)
+    assert elapsed < 5.0
 
 
 @pytest.mark.parametrize("request_bytes", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
 def test_a_slow_client_is_cut_after_the_read_deadline_while_probes_answer(extender: str, request_bytes: bytes) -> None:
-    closed = slow_client_closed_after("127.0.0.1", _port(extender), tls=False, give_up_s=10, request=request_bytes)
-    assert closed is not None and READ_TIMEOUT_S - 0.05 <= closed < READ_TIMEOUT_S + 2
+    # a byte every 0.2 s: a per-read timeout would never cut it, so give_up_s (None) is the broken behaviour
+    closed = slow_client_closed_after("127.0.0.1", _port(extender), tls=False, give_up_s=30, request=request_bytes)
+    assert closed is not None and READ_TIMEOUT_S - 0.05 <= closed < READ_TIMEOUT_S + 10
     started = time.perf_counter()
-    assert httpx.get(f"{extender}/healthz").status_code == 200
-    # Well under the read deadline, so not queued behind a slow client; the 100 ms p99 target is measured
-    # under attack by benchmarks/http_robustness.py, not here (2 loaded cores have answered in 110 ms).
-    assert time.perf_counter() - started < READ_TIMEOUT_S / 2
+    assert httpx.get(f"{extender}/healthz", timeout=30).status_code == 200
+    # The probe answers after the cut (not wedged); the 100 ms p99 target under attack is measured by
+    # benchmarks/http_robustness.py, not here: a loaded 2-core CI machine makes any sub-second bound a coin toss.
+    assert time.perf_counter() - started < 10
 
 
 # -- the webhook ----------------------------------------------------------------------------------------------------
@@ -200,5 +203,5 @@ def test_webhook_answers_a_non_review_with_400_naming_the_field(webhook: TlsServ
 
 @pytest.mark.parametrize("request_bytes", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
 def test_webhook_cuts_a_slow_client(webhook: TlsServer, request_bytes: bytes) -> None:
-    closed = slow_client_closed_after("127.0.0.1", webhook.port, tls=True, give_up_s=10, request=request_bytes)
-    assert closed is not None and closed < READ_TIMEOUT_S + 2
+    closed = slow_client_closed_after("127.0.0.1", webhook.port, tls=True, give_up_s=30, request=request_bytes)
+    assert closed is not None and READ_TIMEOUT_S - 0.05 <= closed < READ_TIMEOUT_S + 10
