@@ -1,19 +1,19 @@
 """/bind: the pod as the apiserver holds it (the watch's latest version, else a GET), its slices reserved under the
-state lock, the assignment written and the Binding created outside it, each conditional on the pod's
-resourceVersion, then the reservation settled (kept by a bound pod, or rolled back).
+state lock, then one apiserver write outside it: the Binding, conditional on the pod's UID and resourceVersion,
+carrying the assignment annotations the apiserver copies onto the pod in the same update; then the reservation
+settled (kept by the bound pod, freed, or held while the Binding's outcome is unknown).
 
 What is refused (a pod bound already, holding a live assignment, recreated under another UID, no longer fitting)
 is refused before anything changes: docs/extender.md, "Security".
 
 Every bind runs against a deadline (scheduler_extender.deadline): kube-scheduler's extender httpTimeout, less a
-margin for the answer's way back, and with leader election no later than the lease is surely ours. Its apiserver
-calls stop early enough to leave `rollback_s` for undoing them, so a bind answers, bound or rolled back, before
-kube-scheduler gives up on it (docs/extender.md, "Timeouts and deadlines").
+margin for the answer's way back, and with leader election no later than the lease is surely ours. Its writes stop
+early enough to leave `check_budget` for reading back a Binding that got no answer, so a bind answers, bound or
+not, before kube-scheduler gives up on it (docs/extender.md, "Timeouts and deadlines").
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -32,6 +32,7 @@ from scheduler_extender.preempt import Held
 from scheduler_extender.recent import RecentPods
 from scheduler_extender.reservations import Refused, Reservations
 from scheduler_extender.unbound_pods import UnboundPods
+from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.pod import PodInfo, bound_node, pod_uid
@@ -45,8 +46,8 @@ DEFAULT_HTTP_TIMEOUT_S = 5.0
 ANSWER_MARGIN_S = 0.25
 
 
-def rollback_budget(timeout_s: float) -> float:
-    """What a bind keeps of its time for undoing a failed write: one PATCH, at most a second."""
+def check_budget(timeout_s: float) -> float:
+    """What a bind keeps of its time for reading back a Binding that got no answer: one GET, at most a second."""
     return min(1.0, timeout_s / 5)
 
 
@@ -76,14 +77,14 @@ class BindVerb:
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
-        the watch's latest version of the pod or read fresh (GET), the UID must match PodUID, the writes are
+        the watch's latest version of the pod or read fresh (GET), the UID must match PodUID, the Binding is
         conditional on that version, and a pod that is bound already or holds a live assignment is refused with
         nothing changed (no assignment written or deleted, no slice freed)."""
         key = f"{args.PodNamespace}/{args.PodName}"
         started = time.perf_counter()
         now = self.clock()
         answer_by = now + self.timeout_s - ANSWER_MARGIN_S
-        calls_by = min(answer_by - rollback_budget(self.timeout_s), self.lease_until())
+        calls_by = min(answer_by - check_budget(self.timeout_s), self.lease_until())
         with self.lock:
             if self.holds is not None:
                 self.holds.drop(key)  # from here on the reservation, or kube-scheduler's next attempt, decides
@@ -92,7 +93,7 @@ class BindVerb:
             return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:
             with deadline.within(calls_by):
-                pod, watched = self._pod_to_bind(args, key, seen)
+                pod = self._pod_to_bind(args, key, seen)
             info = self._parse_to_bind(pod)
             with self.lock:
                 if self.claims is None or info.request.is_empty:
@@ -106,13 +107,10 @@ class BindVerb:
             return self._bind_failed(key, args.Node, str(exc))
         uid = pod_uid(pod) or args.PodUID
         try:
-            with deadline.within(calls_by):
-                if assignment is not None:
-                    self._write_assignment(args, key, uid, assignment, info, watched=watched)
-                self._bind_checked(args, uid)
+            self._send(args, key, uid, _version(pod), assignment, info, calls_by=calls_by, answer_by=answer_by)
         except BindOutcomeUnknown as exc:
             with self.lock:
-                self.reservations.unsettled(key, uid)
+                self.reservations.unsettled(key, uid, exc.version)
             return self._bind_failed(
                 key,
                 args.Node,
@@ -121,8 +119,9 @@ class BindVerb:
                 "land any more",
             )
         except Exception as exc:
-            with deadline.within(min(answer_by, calls_by + rollback_budget(self.timeout_s))):
-                self._roll_back(args, uid, assignment, reason=str(exc))
+            # The Binding was refused, or never sent: nothing was written, so freeing the slices is all there is.
+            with self.lock:
+                self.reservations.roll_back(key, assignment)
             return self._bind_failed(key, args.Node, f"binding failed: {_describe(exc)}")
         with self.lock:
             self.reservations.bound(key)
@@ -132,16 +131,13 @@ class BindVerb:
         log.info("bound", extra={"pod": key, "node": args.Node, "slices": slices})
         return schema.binding_result()
 
-    def _pod_to_bind(
-        self, args: schema.ExtenderBindingArgs, key: str, seen: dict[str, Any] | None
-    ) -> tuple[dict[str, Any], bool]:
+    def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str, seen: dict[str, Any] | None) -> dict[str, Any]:
         """The pod as the apiserver holds it: `seen`, the watch's latest version, when it carries the UID the bind
-        names (True), else read now (the file source: as /filter last saw it). Raises Refused for a pod that is
-        missing, was recreated under another UID or is bound already."""
+        names, else read now (the file source: as /filter last saw it). Raises Refused for a pod that is missing,
+        was recreated under another UID, is bound already or is being deleted."""
         if seen is not None and args.PodUID and pod_uid(seen) == args.PodUID:
-            self.binder.known(namespace=args.PodNamespace, name=args.PodName, pod=seen)
-            return self._check_to_bind(args, seen), True
-        return self._check_to_bind(args, self._read_pod(args, key)), False
+            return self._check_to_bind(args, seen)
+        return self._check_to_bind(args, self._read_pod(args, key))
 
     def _read_pod(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
         try:
@@ -160,39 +156,43 @@ class BindVerb:
             raise Refused(f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused")
         if bound_to := bound_node(pod):
             raise Refused(f"already bound to {bound_to}; a bound pod is never bound again")
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            raise Refused("the pod is being deleted")
         return pod
 
-    def _write_assignment(
+    def _send(
         self,
         args: schema.ExtenderBindingArgs,
         key: str,
         uid: str,
-        assignment: Assignment,
+        version: str,
+        assignment: Assignment | None,
         info: PodInfo,
         *,
-        watched: bool,
+        calls_by: float,
+        answer_by: float,
     ) -> None:
-        """PATCH the assignment on the version the pod was taken at. A watched version the apiserver has moved past
-        (409: kube-scheduler wrote the pod's status, the requeuer nudged it) is read once and the write repeated
-        on the new version, if the pod still is the one reserved for: same UID, unbound, parsed the same. Anything
-        else raises, and the bind rolls back."""
-        write = functools.partial(
-            self.binder.write_assignment, namespace=args.PodNamespace, name=args.PodName, uid=uid, assignment=assignment
-        )
+        """The Binding, on the version the pod was taken at. One the apiserver refuses with 409 (the watch was
+        behind: kube-scheduler wrote the pod's status, the requeuer nudged it) is read once and sent again on the
+        new version, if the pod still is the one reserved for: same UID, unbound, parsed the same. Anything else
+        raises: PodChanged or the refusal (nothing was applied), BindOutcomeUnknown (it may still land)."""
         try:
-            write()
+            self._bind_checked(args, uid, version, assignment, calls_by=calls_by, answer_by=answer_by)
             return
+        except BindOutcomeUnknown:
+            raise
         except Exception as exc:
-            if not watched or getattr(exc, "status", None) != 409:
+            if getattr(exc, "status", None) != 409:
                 raise
         try:
-            fresh = self._check_to_bind(args, self._read_pod(args, key))
+            with deadline.within(calls_by):
+                fresh = self._check_to_bind(args, self._read_pod(args, key))
             changed = self._parse_to_bind(fresh) != info
         except Refused as exc:
             raise PodChanged(f"the pod changed while it was being bound: {exc}") from None
         if changed:
             raise PodChanged("the pod changed while it was being bound; kube-scheduler retries it")
-        write()
+        self._bind_checked(args, uid, _version(fresh), assignment, calls_by=calls_by, answer_by=answer_by)
 
     def _parse_to_bind(self, pod: dict[str, Any]) -> PodInfo:
         try:
@@ -200,43 +200,47 @@ class BindVerb:
         except (RequestError, UnknownPolicyError) as exc:
             raise Refused(str(exc)) from None
 
-    def _bind_checked(self, args: schema.ExtenderBindingArgs, uid: str) -> None:
-        """Create the Binding; on an error, look whether it landed anyway (a timed-out call may have). Raises
-        BindOutcomeUnknown when it may have landed unseen: freeing its slices then lets the next pod onto a GPU
-        this one may be running on (seen under apiserver overload by benchmarks/scale.py)."""
+    def _bind_checked(
+        self,
+        args: schema.ExtenderBindingArgs,
+        uid: str,
+        version: str,
+        assignment: Assignment | None,
+        *,
+        calls_by: float,
+        answer_by: float,
+    ) -> None:
+        """Create the Binding by `calls_by`; one that got no answer is read back (by `answer_by`): bound here with
+        this assignment, it landed; unbound at another version, recreated, gone or bound otherwise, it never can;
+        unbound at `version`, or unreadable, raises BindOutcomeUnknown: freeing its slices then lets the next pod
+        onto a GPU this one may be running on (seen under apiserver overload by benchmarks/scale.py)."""
+        ns, name = args.PodNamespace, args.PodName
         try:
-            self.binder.bind(namespace=args.PodNamespace, name=args.PodName, uid=uid, node=args.Node)
+            with deadline.within(calls_by):
+                self.binder.bind(
+                    namespace=ns, name=name, uid=uid, version=version, node=args.Node, assignment=assignment
+                )
+            return
         except Exception as exc:
+            if not _may_still_land(exc):
+                raise
             try:
-                pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
+                with deadline.within(answer_by):
+                    pod = self.binder.get_pod(namespace=ns, name=name)
             except Exception as check:
                 raise BindOutcomeUnknown(
-                    f"{_describe(exc)}; reading the pod to see whether it landed failed too: {_describe(check)}"
+                    f"{_describe(exc)}; reading the pod to see whether it landed failed too: {_describe(check)}",
+                    version=version,
                 ) from exc
-            if pod is not None and bound_node(pod) == args.Node:
-                log.info(
-                    "binding call failed but the pod is bound", extra={"pod": f"{args.PodNamespace}/{args.PodName}"}
-                )
-                return
-            if pod is not None and not bound_node(pod) and _may_still_land(exc):
+            if pod is not None and pod_uid(pod) == uid and not bound_node(pod) and _may_apply_on(pod, version):
                 raise BindOutcomeUnknown(
-                    f"{_describe(exc)}; the pod reads unbound, but the Binding sent may still be applied"
+                    f"{_describe(exc)}; the pod reads unbound, but the Binding sent may still be applied",
+                    version=version,
                 ) from exc
+            if pod is not None and bound_node(pod) == args.Node and _carries(pod, assignment):
+                log.info("binding call failed but the pod is bound", extra={"pod": f"{ns}/{name}"})
+                return
             raise
-
-    def _roll_back(
-        self, args: schema.ExtenderBindingArgs, uid: str, assignment: Assignment | None, *, reason: str
-    ) -> None:
-        """Free what the failed bind held, then (best effort, outside the lock) mark its written assignment failed."""
-        key = f"{args.PodNamespace}/{args.PodName}"
-        with self.lock:
-            self.reservations.roll_back(key, assignment)
-        if assignment is None:
-            return
-        try:
-            self.binder.mark_failed(namespace=args.PodNamespace, name=args.PodName, uid=uid, reason=reason)
-        except Exception as exc:
-            log.warning("could not mark assignment failed", extra={"pod": key, "error": str(exc)})
 
     def _bind_failed(self, key: str, node: str, reason: str) -> dict[str, str]:
         self.metrics.bind_failure()
@@ -249,13 +253,37 @@ class PodChanged(Exception):
 
 
 class BindOutcomeUnknown(Exception):
-    """The Binding may or may not have landed; the message says what failed."""
+    """The Binding sent on `version` may or may not have landed; the message says what failed."""
+
+    def __init__(self, message: str, *, version: str) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+def _version(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _may_apply_on(pod: Mapping[str, Any], version: str) -> bool:
+    """A Binding sent on `version` may still apply to this unbound pod: it is at that version (or either is unknown;
+    one sent without a version precondition applies to any)."""
+    now = _version(pod)
+    return not version or not now or now == version
+
+
+def _carries(pod: Mapping[str, Any], assignment: Assignment | None) -> bool:
+    """The pod holds `assignment` (a Binding of this bind landed), or none was sent."""
+    if assignment is None:
+        return True
+    held = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.POD_ASSIGNMENT)
+    return held == ann.encode_assignment(assignment)
 
 
 def _may_still_land(exc: Exception) -> bool:
-    """A call that got no HTTP answer (timeout, reset) may still be applied by the apiserver; one refused with a
-    status (409, 403, ...) was not."""
-    return getattr(exc, "status", None) is None
+    """A call that got no HTTP answer (timeout, reset) may still be applied by the apiserver, and so may one it
+    answered 504: its request timeout answers while the handler goes on (k8s.io/apiserver v0.34.4
+    pkg/server/filters/timeout.go). One refused with another status (409, 403, 500, ...) was not."""
+    return getattr(exc, "status", None) in (None, 504)
 
 
 def _describe(exc: Exception) -> str:

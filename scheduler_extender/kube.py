@@ -127,20 +127,52 @@ def patch_pod_annotations(
 
 
 def create_binding(
-    api: client.CoreV1Api, *, namespace: str, name: str, uid: str, node: str, resource_version: str = ""
+    api: client.CoreV1Api,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    resource_version: str = "",
+    annotations: dict[str, str] | None = None,
 ) -> None:
-    """POST pods/binding. UID and resourceVersion are preconditions of the apiserver's update (kubernetes v1.34
-    pkg/registry/core/pod/storage/storage.go: BindingREST.Create passes binding.UID and binding.ResourceVersion to
-    assignPod -> setPodNodeAndMetadata as storage.Preconditions), so a Binding that arrives late, after its bind
-    was rolled back and the pod changed, is refused with 409 instead of binding a pod whose assignment is gone."""
-    body = client.V1Binding(
-        metadata=client.V1ObjectMeta(
-            name=name, namespace=namespace, uid=uid or None, resource_version=resource_version or None
-        ),
-        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    """POST pods/binding, carrying `annotations` for the pod. What the apiserver does with it (k8s.io/kubernetes
+    v1.34.4 pkg/registry/core/pod/storage/storage.go, BindingREST.Create -> assignPod -> setPodNodeAndMetadata):
+
+    - metadata.uid and metadata.resourceVersion are kept from the request
+      (PreserveRequestObjectMetaSystemFieldsOnSubresourceCreate) and become storage.Preconditions of the pod's
+      GuaranteedUpdate, checked against etcd's current pod (a stale cached copy is read again first: k8s.io/apiserver
+      v0.34.4 pkg/storage/etcd3/store.go). A mismatch is InvalidObj, which storeerr.InterpretUpdateError answers
+      409 Conflict; so are a pod bound already, one being deleted and one with scheduling gates (assignPod turns
+      any error without a status into a Conflict). A late Binding therefore never binds a pod that changed.
+    - In the same update: spec.nodeName, the PodScheduled condition, and every annotation of the Binding set on
+      the pod (added or overwritten; none removed). Its labels are copied only with the feature gate
+      PodTopologyLabelsAdmission (alpha, off by default in 1.34; pkg/features/kube_features.go), so the assignment
+      travels as annotations only. Admission sees a CREATE of pods/binding, not a pod UPDATE: the admission
+      policy vgpu-binding-protocol (deploy/manifests/admission-policy.yaml) guards these keys there.
+    """
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        metadata["uid"] = uid
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    if annotations:
+        metadata["annotations"] = annotations
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": metadata,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    # A plain dict, not a V1Binding: no model objects to build and serialise on the bind's path. _preload_content=False:
+    # the generated client cannot deserialise the Status this call returns.
+    api.create_namespaced_pod_binding(
+        name,
+        namespace,
+        body,  # type: ignore[arg-type]
+        _preload_content=False,
+        _request_timeout=_timeout(),
     )
-    # _preload_content=False: the generated client cannot deserialise the Status this call returns.
-    api.create_namespaced_pod_binding(name, namespace, body, _preload_content=False, _request_timeout=_timeout())
 
 
 def nudge_pod(
@@ -152,118 +184,51 @@ def nudge_pod(
 
 
 class KubeBinder:
-    """The Binder over the apiserver. Each write is conditional on the pod's resourceVersion as this binder last
-    read or wrote it, so the steps of one bind (GET, assignment PATCH, Binding, failure PATCH) apply in order or not
-    at all: a call that timed out here but reaches the apiserver later finds the pod changed and gets 409.
-    Binds of one pod never overlap (scheduler_extender.reservations refuses a second), so one version per pod is
-    enough; the table is bounded and entries go once a bind ends."""
-
-    MAX_VERSIONS = 10_000
+    """The Binder over the apiserver: one Binding per bind, carrying the assignment, conditional on the UID and
+    resourceVersion /bind took the pod at; a fence is a PATCH conditional on the version a lost Binding was sent on.
+    Holds no state: the versions travel with the calls."""
 
     def __init__(self, api: client.CoreV1Api, *, clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.clock = clock
-        self._versions: dict[str, str] = {}
-        self._written: dict[str, str] = {}  # the assignment annotation each bind in flight wrote
-        # The resourceVersion each pod's last Binding was sent on (its precondition), for `fence`: `_versions` moves
-        # on with every later read of the pod (a retry's GET of the pod, bound by then), this does not.
-        self._sent: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def _remember(self, namespace: str, name: str, version: str) -> None:
-        with self._lock:
-            key = f"{namespace}/{name}"
-            self._versions.pop(key, None)
-            if len(self._versions) >= self.MAX_VERSIONS:  # the oldest: a pod read by a bind that was refused
-                del self._versions[next(iter(self._versions))]
-            self._versions[key] = version
-
-    def _version_of(self, namespace: str, name: str, *, forget: bool = False) -> str:
-        with self._lock:
-            key = f"{namespace}/{name}"
-            return (self._versions.pop(key, "") if forget else self._versions.get(key, "")) or ""
 
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        pod = get_pod(self.api, namespace=namespace, name=name)
-        if pod is not None:
-            self._remember(namespace, name, _version(pod))
-        return pod
+        return get_pod(self.api, namespace=namespace, name=name)
 
-    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
-        """The pod as the watch delivered it, instead of a GET: the writes that follow are conditional on its
-        resourceVersion, so if the apiserver holds a newer version they fail with 409 and nothing is applied."""
-        self._remember(namespace, name, _version(pod))
-
-    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        encoded = ann.encode_assignment(assignment)
-        with self._lock:
-            if len(self._written) >= self.MAX_VERSIONS:
-                del self._written[next(iter(self._written))]
-            self._written[f"{namespace}/{name}"] = encoded
-        version = patch_pod_annotations(
+    def bind(
+        self, *, namespace: str, name: str, uid: str, version: str, node: str, assignment: Assignment | None
+    ) -> None:
+        annotations = None
+        if assignment is not None:
+            annotations = {
+                ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
+                ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
+                ann.POD_BIND_TIME: f"{self.clock():.3f}",
+            }
+        create_binding(
             self.api,
             namespace=namespace,
             name=name,
             uid=uid,
-            annotations={
-                ann.POD_ASSIGNMENT: encoded,
-                ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
-                ann.POD_BIND_TIME: f"{self.clock():.3f}",
-            },
-            resource_version=self._version_of(namespace, name),
-        )
-        self._remember(namespace, name, version)
-
-    def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the Binding on the version our assignment PATCH left. On 409, once: kube-scheduler itself writes the
-        pending pod's status in between (status.nominatedNodeName after a preemption, the PodScheduled condition of
-        an earlier attempt), so read the pod and bind on its new version only while it is still exactly as this
-        bind left it: same UID, unbound, our assignment in phase allocating."""
-        written = self._version_of(namespace, name)
-        self._sent_on(namespace, name, written)
-        try:
-            create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=written)
-        except ApiException as exc:
-            if exc.status != 409 or not written:
-                raise
-            pod = get_pod(self.api, namespace=namespace, name=name)
-            if pod is None or not self._still_ours(pod, uid, namespace, name):
-                raise
-            self._sent_on(namespace, name, _version(pod))  # what a fence must move past if this one is lost
-            create_binding(self.api, namespace=namespace, name=name, uid=uid, node=node, resource_version=_version(pod))
-        finally:
-            self._written.pop(f"{namespace}/{name}", None)
-        self._version_of(namespace, name, forget=True)
-        self._forget_sent(namespace, name)
-
-    def _still_ours(self, pod: dict[str, Any], uid: str, namespace: str, name: str) -> bool:
-        meta = pod.get("metadata") or {}
-        held = meta.get("annotations") or {}
-        return (
-            (not uid or meta.get("uid") == uid)
-            and not (pod.get("spec") or {}).get("nodeName")
-            and held.get(ann.POD_BIND_PHASE) == ann.BindPhase.ALLOCATING.value
-            and held.get(ann.POD_ASSIGNMENT) == self._written.get(f"{namespace}/{name}")
+            node=node,
+            resource_version=version,
+            annotations=annotations,
         )
 
-    def fence(self, *, namespace: str, name: str, uid: str) -> bool:
-        """Make sure a Binding whose outcome is unknown can no longer land: it was sent conditional on the version
-        recorded when it was sent (create_binding's preconditions), so a write that moves the pod past that version
-        fences it. Marks the assignment failed on that version; a 409 reads the pod: bound means it landed (False),
-        unbound at another version, recreated or gone means it never can (True). A failed call raises."""
-        with self._lock:
-            version = self._sent.get(f"{namespace}/{name}", "")
+    def fence(self, *, namespace: str, name: str, uid: str, version: str) -> bool:
+        """Make sure a Binding whose outcome is unknown can no longer land: it was sent conditional on `version`, so
+        a write that moves the pod past that version fences it (it records the failure: bind phase failed, no
+        assignment). A 409 reads the pod: bound means it landed (False), unbound at another version, recreated or
+        gone means it never can (True). A failed call raises."""
         annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
         if version:
             try:
                 patch_pod_annotations(
                     self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=version
                 )
-                self._forget_sent(namespace, name)
                 return True
             except ApiException as exc:
                 if exc.status == 404:
-                    self._forget_sent(namespace, name)
                     return True
                 if exc.status != 409:
                     raise
@@ -280,44 +245,7 @@ class KubeBinder:
                     annotations=annotations,
                     resource_version=_version(pod),
                 )
-        self._forget_sent(namespace, name)
         return True
-
-    def _sent_on(self, namespace: str, name: str, version: str) -> None:
-        with self._lock:
-            key = f"{namespace}/{name}"
-            self._sent.pop(key, None)
-            if len(self._sent) >= self.MAX_VERSIONS:
-                del self._sent[next(iter(self._sent))]
-            self._sent[key] = version
-
-    def _forget_sent(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._sent.pop(f"{namespace}/{name}", None)
-
-    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
-        """Remove the assignment (phase failed) if the pod is as this binder left it. On 409 (the assignment
-        PATCH landed although its call failed, or the pod changed) read it once more and mark it only while it is
-        unbound and still carries an assignment in phase allocating; anything else is left to the bind grace."""
-        annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
-        version = self._version_of(namespace, name, forget=True)
-        try:
-            patch_pod_annotations(
-                self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=version
-            )
-            return
-        except ApiException as exc:
-            if exc.status != 409 or not version:
-                raise
-        pod = get_pod(self.api, namespace=namespace, name=name)
-        if pod is None or (pod.get("spec") or {}).get("nodeName"):
-            return
-        held = (pod.get("metadata") or {}).get("annotations") or {}
-        if held.get(ann.POD_BIND_PHASE) != ann.BindPhase.ALLOCATING.value or not held.get(ann.POD_ASSIGNMENT):
-            return
-        patch_pod_annotations(
-            self.api, namespace=namespace, name=name, uid=uid, annotations=annotations, resource_version=_version(pod)
-        )
 
 
 def list_all(

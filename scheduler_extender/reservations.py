@@ -1,9 +1,12 @@
 """The slices /bind holds while its apiserver calls are in flight, and the unbound reservations it leaves behind.
 
 `reserve` chooses GPUs on fresh state and applies them before any I/O, so concurrent binds never over-commit a GPU
-and never wait on each other's round trips; a refusal (`Refused`) changes nothing. The bind then ends in `bound`
-or `roll_back`. An assignment written whose Binding never landed stays reserved for the bind grace on this
-extender's own clock (`scheduler_extender.sync`), and is dropped earlier when its pod comes back to /filter.
+and never wait on each other's round trips; a refusal (`Refused`) changes nothing. The bind then ends in `bound`,
+`roll_back` (its Binding, which carries the assignment, was refused or never sent: nothing was written) or
+`unsettled` (its Binding may still land: held until the watch or a fence settles it). An assignment some other
+writer left on an unbound pod (an extender of an earlier release wrote it before its Binding) stays reserved for
+the bind grace on this extender's own clock (`scheduler_extender.sync`), and is dropped earlier when its pod comes
+back to /filter.
 
 Not thread-safe: callers hold the state lock. Releasing capacity calls `on_freed` (the pending pods' nudge).
 """
@@ -18,8 +21,6 @@ from vgpu.errors import CapacityError, UnknownPolicyError
 from vgpu.planner import Planner
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState
-
-MAX_ROLLED_BACK = 10_000
 
 
 class Refused(Exception):
@@ -42,12 +43,9 @@ class Reservations:
         self._freed = on_freed
         self._count = on_count
         self._inflight: set[str] = set()  # pods whose bind is between `reserve` and `bound`/`roll_back`
-        # Pods whose Binding may still land (`unsettled`), with their UID: held until the watch shows them bound or
-        # gone, or a fence (`due_fences`, `fenced`) made sure it can no longer land.
-        self._unknown: dict[str, str] = {}
-        # Pods whose last bind here rolled back (insertion-ordered, bounded): an unbound reservation of theirs that
-        # shows up later is that bind's late PATCH, which no Binding follows (`reserve`).
-        self._rolled_back: dict[str, None] = {}
+        # Pods whose Binding may still land (`unsettled`), with their UID and the resourceVersion it was sent on: held
+        # until the watch shows them bound or gone, or a fence (`due_fences`, `fenced`) made sure it can no longer land.
+        self._unknown: dict[str, tuple[str, str]] = {}
 
     def __contains__(self, key: object) -> bool:
         """A bind of this pod is in flight: between `reserve` and its end, or its Binding's outcome is unknown (the
@@ -64,16 +62,6 @@ class Reservations:
         if key in self._inflight:
             raise Refused("a bind of this pod is already in progress")
         held = self.state.assignments.get(key) or self.state.orphans.get(key)
-        if held is not None and key in self._rolled_back and key in self.sync.unbound:
-            # An unbound reservation left by our own bind of this pod that rolled back: its assignment PATCH landed
-            # after the bind gave up on it, but that bind never sent (or had refused) its Binding, so nothing can
-            # bind the pod with it. Under apiserver overload such late PATCHes kept every retry refused for the
-            # grace, and each refusal cost kube-scheduler a status write and an event (benchmarks/scale.py).
-            del self.sync.unbound[key]
-            self.state.release(key)
-            self.sync.settle()
-            self._freed()
-            held = None
         if held is not None:
             raise Refused(
                 f"it holds a live assignment on {held.node}; refused until that is released "
@@ -101,25 +89,20 @@ class Reservations:
 
     def bound(self, key: str) -> None:
         """The Binding landed: the slices stay held, now by a bound pod."""
-        self._rolled_back.pop(key, None)
         self._inflight.discard(key)
         self._count(len(self._inflight))
 
     def roll_back(self, key: str, assignment: Assignment | None) -> None:
-        """The write or the Binding failed (its Binding never sent, or refused with a status, so it cannot land):
-        free what `reserve` held; refused claims and pending pods may fit now."""
+        """The Binding failed: never sent, or refused with a status, so it cannot land, and as it carried the
+        assignment nothing was written. Free what `reserve` held; refused claims and pending pods may fit now."""
         self._inflight.discard(key)
         self._count(len(self._inflight))
-        self._rolled_back.pop(key, None)
-        if len(self._rolled_back) >= MAX_ROLLED_BACK:
-            del self._rolled_back[next(iter(self._rolled_back))]
-        self._rolled_back[key] = None
         if assignment is not None:
             self.state.release(key)
             self.sync.settle()
             self._freed()  # others may have been rejected while this bind held the slices
 
-    def unsettled(self, key: str, uid: str = "") -> None:
+    def unsettled(self, key: str, uid: str = "", version: str = "") -> None:
         """The Binding's outcome is unknown (its call timed out and the check whether it landed failed or could
         not rule it out): the pod may be bound and running on these slices, so they stay held as an unbound
         reservation — until the watch shows the pod bound (then it holds them) or deleted, or, once the bind grace
@@ -129,15 +112,15 @@ class Reservations:
         through /filter does not free them early."""
         self._inflight.discard(key)
         self._count(len(self._inflight))
-        self._rolled_back.pop(key, None)  # this Binding may land: its reservation is never taken for a late PATCH
         if self.state.assignments.get(key) is not None or key in self.state.orphans:
             self.sync.hold_unbound(key)
-            self._unknown[key] = uid
+            self._unknown[key] = (uid, version)
 
-    def due_fences(self) -> list[tuple[str, str]]:
-        """(pod, UID) of the unknown Bindings held past the grace: fence each (outside the lock) before `fenced`."""
+    def due_fences(self) -> list[tuple[str, str, str]]:
+        """(pod, UID, the version its Binding was sent on) of the unknown Bindings held past the grace: fence each
+        (outside the lock) before `fenced`."""
         now = self.sync.clock()
-        return [(k, uid) for k, uid in self._unknown.items() if self.sync.unbound.get(k, now) <= now]
+        return [(k, uid, v) for k, (uid, v) in self._unknown.items() if self.sync.unbound.get(k, now) <= now]
 
     def fenced(self, key: str) -> None:
         """The pod's Binding can no longer land (a write on its version succeeded, the pod changed or went): free
@@ -151,7 +134,7 @@ class Reservations:
 
     def release_stale(self, info: PodInfo) -> None:
         """Before evaluating a pod: expire reservations past their grace, and drop this pod's own unbound
-        reservation, which a failed earlier bind of it left (it is being scheduled again)."""
+        reservation, which an earlier bind of it left without its Binding (it is being scheduled again)."""
         self.expire()
         if (
             info.key in self.sync.unbound

@@ -316,10 +316,10 @@ class ExtenderService:
         with self.lock:
             self.reservations.expire()
             due = self.reservations.due_fences()
-        for key, uid in due:
+        for key, uid, version in due:
             namespace, _, name = key.partition("/")
             try:
-                fenced = self.binder.fence(namespace=namespace, name=name, uid=uid)
+                fenced = self.binder.fence(namespace=namespace, name=name, uid=uid, version=version)
             except Exception as exc:
                 log.warning("cannot fence a Binding of unknown outcome yet", extra={"pod": key, "error": str(exc)})
                 continue

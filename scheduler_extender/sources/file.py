@@ -57,21 +57,14 @@ class FileBinder:
     def get_pod(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         return None  # no apiserver: the service takes the pod /filter last saw (ServiceOptions.pods_from_filter)
 
-    def known(self, *, namespace: str, name: str, pod: dict[str, Any]) -> None:
-        return None  # no watch feeds the file source
-
-    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
-        return None  # the state already holds it; persisted on bind
-
-    def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        self.bound[f"{namespace}/{name}"] = node
+    def bind(
+        self, *, namespace: str, name: str, uid: str, version: str, node: str, assignment: Assignment | None
+    ) -> None:
+        self.bound[f"{namespace}/{name}"] = node  # the state already holds the assignment; persisted here
         self._persist()
 
-    def fence(self, *, namespace: str, name: str, uid: str) -> bool:
+    def fence(self, *, namespace: str, name: str, uid: str, version: str) -> bool:
         return f"{namespace}/{name}" not in self.bound  # no apiserver: nothing is in flight
-
-    def mark_failed(self, *, namespace: str, name: str, uid: str, reason: str) -> None:
-        self.bound.pop(f"{namespace}/{name}", None)
 
     def _persist(self) -> None:
         if self.persist_to is None:

@@ -105,12 +105,16 @@ class Cluster:
         return self.tenant.create_namespaced_pod(self.ns, self.pod(name))
 
     def bound_pod(self, name: str, node: str) -> Any:
-        """A tenant's pod as the extender leaves it: assignment written, then bound to `node` (pods/binding)."""
+        """A tenant's pod as the extender leaves it: bound to `node` by one Binding carrying the assignment."""
         self.tenant_pod(name)
-        patch = {ann.POD_ASSIGNMENT: _assignment(node), ann.POD_BIND_PHASE: "allocating", ann.POD_BIND_TIME: "1.0"}
-        self.extender.patch_namespaced_pod(name, self.ns, {"metadata": {"annotations": patch}})
+        annotations = {
+            ann.POD_ASSIGNMENT: _assignment(node),
+            ann.POD_BIND_PHASE: "allocating",
+            ann.POD_BIND_TIME: "1.0",
+        }
         binding = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name), target=client.V1ObjectReference(kind="Node", name=node)
+            metadata=client.V1ObjectMeta(name=name, annotations=annotations),
+            target=client.V1ObjectReference(kind="Node", name=node),
         )
         self.extender.create_namespaced_pod_binding(name, self.ns, binding, _preload_content=False)
         return self.admin.read_namespaced_pod(name, self.ns)
@@ -426,7 +430,7 @@ def test_the_extender_writes_assignment_bind_time_and_phase(cluster: Cluster) ->
     }
     c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": annotations}})
     c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": {ann.POD_REQUEUE: "1.0"}}})
-    release = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}  # KubeBinder.mark_failed
+    release = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}  # KubeBinder.fence
     c.extender.patch_namespaced_pod("by-extender", c.ns, {"metadata": {"annotations": release}})
     got = c.admin.read_namespaced_pod("by-extender", c.ns).metadata.annotations
     assert got[ann.POD_BIND_PHASE] == "failed" and ann.POD_ASSIGNMENT not in got
@@ -483,20 +487,46 @@ def test_the_plugin_of_another_node_is_denied(cluster: Cluster) -> None:
 
 
 def test_the_extenders_own_kube_calls_pass(cluster: Cluster) -> None:
-    """scheduler_extender/kube.py itself, with the extender's token: assignment, binding, requeue, release, and the
-    leader label on its own pod (kube-system) -- every write the extender makes."""
+    """scheduler_extender/kube.py itself, with the extender's token: the Binding carrying the assignment, the requeue
+    nudge, the fence, and the leader label on its own pod (kube-system) -- every write the extender makes."""
     from scheduler_extender import kube as ext_kube
 
     c = cluster
     pod = c.tenant_pod("real-extender")
     binder = ext_kube.KubeBinder(c.extender)
     assignment = ann.decode_assignment(_assignment(c.node_a))
-    binder.write_assignment(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, assignment=assignment)
-    binder.bind(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, node=c.node_a)
-    ext_kube.nudge_pod(c.extender, c.ns, "real-extender", pod.metadata.uid)
-    binder.mark_failed(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, reason="test")
+    binder.bind(
+        namespace=c.ns,
+        name="real-extender",
+        uid=pod.metadata.uid,
+        version=pod.metadata.resource_version,
+        node=c.node_a,
+        assignment=assignment,
+    )
     got = c.admin.read_namespaced_pod("real-extender", c.ns)
-    assert got.spec.node_name == c.node_a and got.metadata.annotations[ann.POD_BIND_PHASE] == "failed"
+    assert got.spec.node_name == c.node_a and got.metadata.annotations[ann.POD_BIND_PHASE] == "allocating"
+    assert ann.decode_assignment(got.metadata.annotations[ann.POD_ASSIGNMENT]) == assignment
+    ext_kube.nudge_pod(c.extender, c.ns, "real-extender", pod.metadata.uid)
+    # A fence on the version a lost Binding was sent on: the pod is bound (it landed), so it reads False.
+    assert (
+        binder.fence(namespace=c.ns, name="real-extender", uid=pod.metadata.uid, version=pod.metadata.resource_version)
+        is False
+    )
+    lost = c.tenant_pod("real-extender-lost")  # a Binding lost on this version: the fence's PATCH moves past it
+    version = lost.metadata.resource_version
+    assert binder.fence(namespace=c.ns, name="real-extender-lost", uid=lost.metadata.uid, version=version) is True
+    got = c.admin.read_namespaced_pod("real-extender-lost", c.ns)
+    assert got.metadata.annotations[ann.POD_BIND_PHASE] == "failed" and got.metadata.resource_version != version
+    with pytest.raises(client.ApiException) as late:  # the lost Binding, arriving now, cannot land
+        binder.bind(
+            namespace=c.ns,
+            name="real-extender-lost",
+            uid=lost.metadata.uid,
+            version=version,
+            node=c.node_a,
+            assignment=assignment,
+        )
+    assert late.value.status == 409
     own = f"vgpu-extender-{c.ns}"
     c.admin.create_namespaced_pod(
         "kube-system", {"metadata": {"name": own}, "spec": {"containers": [{"name": "e", "image": "kube-vgpu"}]}}
@@ -612,5 +642,10 @@ def test_a_binding_carrying_vgpu_annotations_is_denied_even_to_cluster_admins(cl
     )
     assert "vgpu.io/extender-leader" in _refusal(body_label)
     assert _refusal(lambda: bind(c.extender, forged)) == ""  # the extender's own
+    own = {**forged, ann.POD_BIND_PHASE: "allocating", ann.POD_BIND_TIME: "1.0"}  # as KubeBinder.bind sends it
+    assert _refusal(lambda: bind(c.extender, own)) == ""
+    for extra in ({ann.POD_BIND_PHASE: "allocated"}, {"vgpu.io/violation": "{}"}):  # the device plugin's to write
+        msg = _refusal(lambda extra=extra: bind(c.extender, {**forged, **extra}))
+        assert "the scheduler extender's Binding may carry vgpu.io/assignment" in msg, msg
     pod = c.admin.read_namespaced_pod("forged-binding", c.ns)  # dry runs: nothing landed
     assert not pod.spec.node_name and ann.POD_ASSIGNMENT not in (pod.metadata.annotations or {})

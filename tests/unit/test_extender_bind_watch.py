@@ -1,5 +1,6 @@
-"""/bind takes the pod from the pod watch instead of a GET, and a version the watch has not caught up with is
-read again, never bound on (scheduler_extender.unbound_pods, scheduler_extender.bind)."""
+"""/bind takes the pod from the pod watch instead of a GET and sends one Binding on its version; a version the watch
+has not caught up with is refused by the apiserver (409), read again and bound on only if the pod parses the same
+(scheduler_extender.unbound_pods, scheduler_extender.bind)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from scheduler_extender import schema
 from scheduler_extender.service import ExtenderService
 from scheduler_extender.unbound_pods import UnboundPods
 from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _state
@@ -32,7 +34,7 @@ def test_bind_takes_the_watched_pod_without_reading_it(setup: tuple[ExtenderServ
     binder.pods["ns/p"] = pod
     svc.pod_event("ADDED", copy.deepcopy(pod))
     assert _bind(svc, pod, "a") == ""
-    assert binder.reads == 0 and binder.written["ns/p"].node == "a"
+    assert binder.reads == 0 and binder.sent == [("ns/p", "7")] and binder.written["ns/p"].node == "a"
     assert svc.state.assignments["ns/p"].node == "a"
 
 
@@ -68,8 +70,9 @@ def test_a_stale_watched_version_is_read_again_and_bound_on_the_new_one(
     newer["status"] = {"conditions": [{"type": "PodScheduled", "status": "False"}]}
     binder.pods["ns/p"] = newer
     assert _bind(svc, pod, "a") == ""
-    assert binder.reads == 1 and binder.versions["ns/p"] == "8"
+    assert binder.reads == 1 and binder.sent == [("ns/p", "7"), ("ns/p", "8")]
     assert binder.written["ns/p"].node == "a" and newer["spec"]["nodeName"] == "a"
+    assert svc.state.assignments["ns/p"] == binder.written["ns/p"] and not len(svc.reservations)
 
 
 def test_a_pod_that_changed_since_the_watched_version_is_not_bound(
@@ -85,8 +88,9 @@ def test_a_pod_that_changed_since_the_watched_version_is_not_bound(
     binder.pods["ns/p"] = bigger
     err = _bind(svc, pod, "a")
     assert "the pod changed while it was being bound" in err
-    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments
+    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments and not len(svc.reservations)
     assert not bigger["spec"].get("nodeName") and svc.state.totals()["memory_used_mib"] == 0
+    assert binder.sent == [("ns/p", "7")] and "ns/p" not in svc.sync.unbound  # never sent again, nothing held
 
 
 def test_a_pod_bound_since_the_watched_version_is_not_bound_again(
@@ -100,8 +104,67 @@ def test_a_pod_bound_since_the_watched_version_is_not_bound_again(
     bound["spec"]["nodeName"] = "b"
     binder.pods["ns/p"] = bound
     err = _bind(svc, pod, "a")
-    assert "already bound to b" in err
-    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments
+    assert "already bound to b" in err and binder.sent == [("ns/p", "7")]
+    assert "ns/p" not in binder.written and "ns/p" not in svc.state.assignments and not len(svc.reservations)
+
+
+def test_a_rebind_that_gets_no_answer_is_held_and_fenced_on_the_version_it_was_sent_on(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    """The Binding on the watched version is refused (409), the one on the version read then gets no answer and the
+    pod reads unbound at that version: it may still land. The slices stay held past the grace until the fence, a
+    write on the version that second Binding was sent on (not the watched one), makes sure it cannot."""
+    svc, binder = setup
+    now = [1000.0]
+    svc.sync.clock = lambda: now[0]
+    pod = _versioned("p", "7", pct=100)
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    newer = copy.deepcopy(pod)
+    newer["metadata"]["resourceVersion"] = "8"
+    binder.pods["ns/p"] = newer
+    calls = []
+
+    def bind(**kwargs: Any) -> None:
+        calls.append(kwargs["version"])
+        if len(calls) == 2:
+            binder.sent.append(("ns/p", kwargs["version"]))
+            raise TimeoutError("read timed out")
+        FakeBinder.bind(binder, **kwargs)
+
+    binder.bind = bind  # type: ignore[method-assign]
+    err = _bind(svc, pod, "a")
+    assert "binding outcome unknown" in err and calls == ["7", "8"] and binder.reads == 2
+    held = svc.state.assignments["ns/p"]
+    assert not len(svc.reservations) and "ns/p" in svc.sync.unbound
+    svc.filter(schema.ExtenderArgs(Pod=newer, NodeNames=["a", "b"]))  # its retry does not free them
+    assert "holds a live assignment" in _bind(svc, newer, "b")
+    assert svc.state.assignments["ns/p"] == held and binder.fenced == []
+    now[0] += svc.sync.bind_grace_s + 1
+    svc.expire_unbound()
+    assert binder.fenced == [("ns/p", "8")] and "ns/p" not in svc.state.assignments
+    assert "ns/p" not in svc.sync.unbound
+
+
+def test_an_unknown_binding_the_watch_shows_landed_keeps_its_slices_and_is_never_fenced(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    svc, binder = setup
+    now = [1000.0]
+    svc.sync.clock = lambda: now[0]
+    pod = _versioned("p", "7")
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    binder.pods["ns/p"] = pod
+    binder.bind_times_out = True
+    assert "binding outcome unknown" in _bind(svc, pod, "a")
+    held = svc.state.assignments["ns/p"]
+    binder.bind_times_out = False
+    FakeBinder.bind(
+        binder, namespace="ns", name="p", uid=pod["metadata"]["uid"], version="7", node="a", assignment=held
+    )
+    svc.pod_event("MODIFIED", copy.deepcopy(pod))  # bound, the assignment on it: one event, one write
+    now[0] += svc.sync.bind_grace_s + 1
+    svc.expire_unbound()
+    assert binder.fenced == [] and svc.state.assignments["ns/p"] == held and "ns/p" not in svc.sync.unbound
 
 
 # -- the book itself ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scheduler_extender import deadline
+from scheduler_extender import deadline, schema
 from scheduler_extender.kube import KubeBinder
 from scheduler_extender.leader import LeaderElector, LeaseRecord
 from scheduler_extender.service import ExtenderService, ServiceOptions
@@ -40,38 +40,47 @@ def test_remaining_is_the_earlier_of_the_deadline_and_the_default() -> None:
 
 
 class SlowBinder(FakeBinder):
-    """An apiserver that takes `delay_s` to answer the assignment PATCH: the call gives up when its deadline says
-    so, as urllib3's read timeout does."""
+    """An apiserver that takes `delay_s` to answer the Binding: the call gives up when its deadline says so, as
+    urllib3's read timeout does, and nothing is applied (yet)."""
 
     def __init__(self, delay_s: float) -> None:
         super().__init__()
         self.delay_s = delay_s
         self.timeouts: list[float] = []
 
-    def write_assignment(self, *, namespace: str, name: str, uid: str, assignment: Assignment) -> None:
+    def bind(
+        self, *, namespace: str, name: str, uid: str, version: str, node: str, assignment: Assignment | None
+    ) -> None:
         timeout = deadline.remaining(60.0)
         self.timeouts.append(timeout)
         if self.delay_s > timeout:
             time.sleep(timeout)
+            self.sent.append((f"{namespace}/{name}", version))
             raise TimeoutError(f"read timed out (read timeout={timeout:.2f})")
         time.sleep(self.delay_s)
-        super().write_assignment(namespace=namespace, name=name, uid=uid, assignment=assignment)
+        super().bind(namespace=namespace, name=name, uid=uid, version=version, node=node, assignment=assignment)
 
 
-def test_a_bind_behind_a_slow_patch_rolls_back_inside_the_http_timeout_and_a_retry_is_not_in_progress() -> None:
-    binder = SlowBinder(delay_s=25.0)  # the issue's apiserver: a PATCH answered after 25 s
-    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=1.0))
+def test_a_bind_behind_a_slow_binding_answers_inside_the_http_timeout_and_a_retry_is_not_in_progress() -> None:
+    now = [1000.0]
+    binder = SlowBinder(delay_s=25.0)  # the issue's apiserver: a write answered after 25 s
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=1.0, bind_grace_s=30))
+    svc.sync.clock = lambda: now[0]
     pod = _pod("p")
     binder.pods["ns/p"] = pod
     started = time.monotonic()
     error = _bind(svc, pod, "a")
     took = time.monotonic() - started
-    assert took < 1.0 - 0.2, f"answered after {took:.2f} s; kube-scheduler gives up at 1 s"
-    assert "did not answer within this bind's deadline" in error
-    assert len(svc.reservations) == 0 and "ns/p" not in svc.state.assignments  # rolled back, slices free
-    assert binder.failed == ["ns/p"]  # the (possibly late) write is marked failed
-    assert binder.timeouts and max(binder.timeouts) <= 1.0 - 0.25 - 0.2 + 0.01  # answer margin + rollback budget
-    binder.delay_s = 0.0  # the apiserver recovers: the retry binds, nothing "already in progress"
+    assert took < 1.0, f"answered after {took:.2f} s; kube-scheduler gives up at 1 s"
+    assert "did not answer within this bind's deadline" in error and "binding outcome unknown" in error
+    assert len(svc.reservations) == 0 and "ns/p" in svc.state.assignments  # no bind in flight; the slices held
+    assert binder.timeouts and max(binder.timeouts) <= 1.0 - 0.25 - 0.2 + 0.01  # answer margin + read-back budget
+    binder.delay_s = 0.0  # the apiserver recovers: the retry is refused for the held slices, never "in progress"
+    svc.filter(schema.ExtenderArgs(Pod=pod, NodeNames=["a", "b"]))
+    assert "holds a live assignment" in _bind(svc, pod, "a")
+    now[0] += 31  # past the grace, the fence finds the pod unbound: freed, and the retry binds
+    svc.expire_unbound()
+    assert [k for k, _ in binder.fenced] == ["ns/p"] and "ns/p" not in svc.state.assignments
     assert _bind(svc, pod, "a") == ""
     assert "ns/p" in svc.state.assignments and len(svc.reservations) == 0
 
@@ -83,7 +92,7 @@ def test_a_replica_past_its_lease_refuses_binds_with_nothing_reserved() -> None:
     pod = _pod("p")
     binder.pods["ns/p"] = pod
     assert "lease ends before a bind could finish" in _bind(svc, pod, "a")
-    assert len(svc.reservations) == 0 and not svc.state.assignments and not binder.written
+    assert len(svc.reservations) == 0 and not svc.state.assignments and not binder.sent
 
 
 def test_a_bind_stops_its_calls_at_the_lease_end_not_at_the_http_timeout() -> None:
@@ -94,7 +103,7 @@ def test_a_bind_stops_its_calls_at_the_lease_end_not_at_the_http_timeout() -> No
     pod = _pod("p")
     binder.pods["ns/p"] = pod
     _bind(svc, pod, "a")
-    assert time.monotonic() < lease_end + 1.0 + 0.1  # the calls ended at the lease end, the rollback after
+    assert time.monotonic() < lease_end + 1.0 + 0.1  # the Binding ended at the lease end, the read-back after
     assert binder.timeouts[0] <= 0.4 and len(svc.reservations) == 0
 
 
@@ -140,9 +149,9 @@ class _Down:
 
 
 class _Apiserver(BaseHTTPRequestHandler):
-    """Just enough of the pods API: GET answers a pod at resourceVersion 7, PATCH waits `patch_delay_s`."""
+    """Just enough of the pods API: GET answers a pod at resourceVersion 7, POST (a Binding) waits `post_delay_s`."""
 
-    patch_delay_s = 0.0
+    post_delay_s = 0.0
     seen: list[tuple[str, str, dict[str, Any]]] = []
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -160,14 +169,14 @@ class _Apiserver(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append(("PATCH", self.path, body))
-        time.sleep(self.patch_delay_s)
-        with contextlib.suppress(OSError):  # the client gave up
-            self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
+        self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append(("POST", self.path, body))
-        self._send(201, {"kind": "Status", "status": "Success"})
+        time.sleep(self.post_delay_s)
+        with contextlib.suppress(OSError):  # the client gave up
+            self._send(201, {"kind": "Status", "status": "Success"})
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -175,7 +184,7 @@ class _Apiserver(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def apiserver() -> Iterator[tuple[KubeBinder, type[_Apiserver]]]:
-    handler = type("Handler", (_Apiserver,), {"seen": [], "patch_delay_s": 0.0})
+    handler = type("Handler", (_Apiserver,), {"seen": [], "post_delay_s": 0.0})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     conf = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
@@ -183,24 +192,32 @@ def apiserver() -> Iterator[tuple[KubeBinder, type[_Apiserver]]]:
     server.shutdown()
 
 
-def test_kube_binder_writes_are_conditional_on_the_version_read(apiserver: tuple[KubeBinder, Any]) -> None:
+def test_kube_binder_sends_one_binding_carrying_the_assignment_on_the_version_given(
+    apiserver: tuple[KubeBinder, Any],
+) -> None:
     binder, handler = apiserver
-    assert binder.get_pod(namespace="ns", name="p") is not None
-    binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)
-    binder.bind(namespace="ns", name="p", uid="u1", node="a")
-    (_, _, patch), (_, _, binding) = [s for s in handler.seen if s[0] != "GET"]
-    assert patch["metadata"]["resourceVersion"] == "7" and patch["metadata"]["uid"] == "u1"
-    assert patch["metadata"]["annotations"][ann.POD_BIND_PHASE] == ann.BindPhase.ALLOCATING.value
-    assert binding["metadata"]["resourceVersion"] == "8"  # the version the PATCH left: a late Binding gets 409
+    binder.clock = lambda: 1234.5
+    binder.bind(namespace="ns", name="p", uid="u1", version="7", node="a", assignment=_ONE)
+    [(method, path, binding)] = handler.seen
+    assert method == "POST" and path.endswith("/namespaces/ns/pods/p/binding")
+    assert binding["metadata"]["resourceVersion"] == "7" and binding["metadata"]["uid"] == "u1"
+    assert binding["metadata"]["annotations"] == {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(_ONE),
+        ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
+        ann.POD_BIND_TIME: "1234.500",
+    }
+    assert (
+        binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "a"} and "labels" not in binding["metadata"]
+    )
 
 
 def test_kube_binder_calls_end_at_the_deadline(apiserver: tuple[KubeBinder, Any]) -> None:
     binder, handler = apiserver
-    handler.patch_delay_s = 5.0
+    handler.post_delay_s = 5.0
     started = time.monotonic()
     with deadline.within(started + 0.5), pytest.raises(Exception, match=r"(?i)timed? ?out"):
-        binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)
-    assert time.monotonic() - started < 1.5
+        binder.bind(namespace="ns", name="p", uid="u1", version="7", node="a", assignment=_ONE)
+    assert time.monotonic() - started < 3.0
 
 
 def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shortens_them() -> None:
@@ -218,27 +235,13 @@ def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shorten
         kube.configure_timeouts(before)
 
 
-def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(
-    apiserver: tuple[KubeBinder, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(apiserver: tuple[KubeBinder, Any]) -> None:
     """A late Binding carries the version it was sent on as its precondition: the fence writes on that one, not on
     a version read since (a retry's read of the pod, bound by then: marking that failed stripped a bound pod of
     its assignment in benchmarks/scale.py)."""
-    from scheduler_extender import kube
-
     binder, handler = apiserver
-    binder.get_pod(namespace="ns", name="p")  # version 7
-    binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=_ONE)  # version 8
-
-    def lost(*args: Any, **kwargs: Any) -> None:
-        raise TimeoutError("read timed out")
-
-    monkeypatch.setattr(kube, "create_binding", lost)
-    with pytest.raises(TimeoutError):
-        binder.bind(namespace="ns", name="p", uid="u1", node="a")  # sent on version 8, outcome unknown
-    binder.get_pod(namespace="ns", name="p")  # the pod's retry reads it again (version 7 here)
-    assert binder.fence(namespace="ns", name="p", uid="u1") is True
-    method, path, body = handler.seen[-1]
+    assert binder.fence(namespace="ns", name="p", uid="u1", version="8") is True
+    [(method, path, body)] = handler.seen
     assert method == "PATCH" and path.endswith("/namespaces/ns/pods/p")
     assert body["metadata"]["resourceVersion"] == "8" and body["metadata"]["uid"] == "u1"
     assert body["metadata"]["annotations"] == {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client as kclient
-from kubernetes.client.exceptions import ApiException
 from starlette.testclient import TestClient
 
 from scheduler_extender.app import create_app
@@ -243,11 +242,11 @@ def test_bind_honours_the_preemptors_hold_as_filter_does() -> None:
 
 
 class _StatusRace(BaseHTTPRequestHandler):
-    """A pod whose status kube-scheduler rewrites between our assignment PATCH (-> version 8) and our Binding: the
-    first Binding gets 409; GET then shows version 9 with `held` as its annotations."""
+    """A pod whose status kube-scheduler rewrote (status.nominatedNodeName, after a preemption) after the version our
+    watch delivered (7): a Binding on any version but 9 gets 409; GET shows version 9, bound to `bound_to` if set."""
 
-    held: dict[str, str] = {}
-    bindings: list[str] = []
+    bound_to = ""
+    bindings: list[dict[str, Any]] = []
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -258,19 +257,17 @@ class _StatusRace(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        meta = {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "9", "annotations": self.held}
-        self._send(200, {"metadata": meta, "spec": {}, "status": {"nominatedNodeName": "a"}})
-
-    def do_PATCH(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).held = {**type(self).held, **body["metadata"]["annotations"]}
-        self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
+        pod = _pod("p", 1000, 0)
+        pod["metadata"]["resourceVersion"] = "9"
+        pod["status"] = {"nominatedNodeName": "a"}
+        if self.bound_to:
+            pod["spec"]["nodeName"] = self.bound_to
+        self._send(200, pod)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        version = body["metadata"]["resourceVersion"]
-        self.bindings.append(version)
-        if version != "9":
+        self.bindings.append(body)
+        if body["metadata"]["resourceVersion"] != "9" or self.bound_to:
             self._send(409, {"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409})
             return
         self._send(201, {"kind": "Status", "status": "Success"})
@@ -279,25 +276,33 @@ class _StatusRace(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("changed", [False, True])
-def test_a_binding_refused_by_a_status_write_in_between_is_retried_only_on_our_own_assignment(changed: bool) -> None:
-    handler = type("Handler", (_StatusRace,), {"held": {}, "bindings": []})
+@pytest.mark.parametrize("bound_to", ["", "b"])
+def test_a_binding_refused_by_a_status_write_in_between_is_sent_again_only_on_the_same_pod(bound_to: str) -> None:
+    """Through the real KubeBinder: the Binding on the watched version is refused (409); the pod read then is the
+    same pod at version 9, so the Binding, with the same assignment, goes again on 9. A pod bound elsewhere since
+    is not bound again: the reservation is freed."""
+    handler = type("Handler", (_StatusRace,), {"bound_to": bound_to, "bindings": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         conf = kclient.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
-        binder = KubeBinder(kclient.CoreV1Api(kclient.ApiClient(conf)))
-        binder.get_pod(namespace="ns", name="p")
-        mine = Assignment("a", (ContainerAssignment("c", (DeviceSlice("GPU-a-0", 0, 1000, 0),)),))
-        binder.write_assignment(namespace="ns", name="p", uid="u1", assignment=mine)
-        if changed:  # someone else's assignment now: never bind over it
-            handler.held = {**handler.held, ann.POD_ASSIGNMENT: "{}"}
-            with pytest.raises(ApiException):
-                binder.bind(namespace="ns", name="p", uid="u1", node="a")
-            assert handler.bindings == ["8"]
+        state = ClusterState()
+        state.upsert_node(NodeInventory("a", (GpuDevice("GPU-a-0", 0, "H100", MIB),)))
+        svc = ExtenderService(state, KubeBinder(kclient.CoreV1Api(kclient.ApiClient(conf))))
+        watched = _pod("p", 1000, 0)
+        watched["metadata"]["resourceVersion"] = "7"
+        svc.pod_event("ADDED", watched)
+        body = {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-p", "Node": "a"}
+        err = TestClient(create_app(svc)).post("/bind", json=body).json()["Error"]
+        versions = [b["metadata"]["resourceVersion"] for b in handler.bindings]
+        if bound_to:
+            assert "already bound to b" in err and versions == ["7"]
+            assert "ns/p" not in svc.state.assignments and not len(svc.reservations)
         else:
-            binder.bind(namespace="ns", name="p", uid="u1", node="a")
-            assert handler.bindings == ["8", "9"]
+            assert err == "" and versions == ["7", "9"]
+            first, second = (b["metadata"]["annotations"] for b in handler.bindings)
+            assert first[ann.POD_ASSIGNMENT] == second[ann.POD_ASSIGNMENT]
+            assert ann.decode_assignment(second[ann.POD_ASSIGNMENT]) == svc.state.assignments["ns/p"]
     finally:
         server.shutdown()
 

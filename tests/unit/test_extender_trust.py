@@ -50,7 +50,7 @@ def test_bind_of_a_running_pod_changes_nothing() -> None:
     err = _bind(svc, "victim", "b", victim["metadata"]["uid"])
     assert "already bound to a" in err and "ns/victim" in err
     assert _books(svc) == before  # the assignment stays, the slice stays held
-    assert binder.written == {} and binder.failed == []  # nothing written, nothing marked failed
+    assert binder.written == {} and binder.sent == []  # no Binding sent, nothing written
 
 
 def test_bind_of_a_pod_holding_a_live_reservation_is_refused_without_side_effects() -> None:
@@ -62,7 +62,7 @@ def test_bind_of_a_pod_holding_a_live_reservation_is_refused_without_side_effect
     before = _books(svc)
     err = _bind(svc, "p", "b", pod["metadata"]["uid"])
     assert "live assignment on a" in err
-    assert _books(svc) == before and binder.written == {} and binder.failed == []
+    assert _books(svc) == before and binder.written == {} and binder.sent == []
 
 
 def test_bind_takes_the_spec_from_the_apiserver_not_from_a_filter_body() -> None:
