@@ -204,7 +204,6 @@ def test_list_and_watch_start_fuzz(fz: Fuzzed) -> None:
     @FUZZ
     @given(st.lists(st.booleans(), min_size=1, max_size=6))
     def run(reads: list[bool]) -> None:
-        t0 = time.monotonic()
         streams = [fz.stub.ListAndWatch(pb.Empty(), timeout=DEADLINE_S) for _ in reads]
         COUNTS["ListAndWatch"] = COUNTS.get("ListAndWatch", 0) + 1
         served = 0
@@ -223,8 +222,10 @@ def test_list_and_watch_start_fuzz(fz: Fuzzed) -> None:
             for stream in streams:
                 stream.cancel()
         assert served <= servicer.max_watchers - 1
+        # the server drops a cancelled stream on its own threads: waited for, generously (a loaded CI machine)
+        give_up = time.monotonic() + 30
         while servicer.watching != 1:
-            assert time.monotonic() - t0 < DEADLINE_S, f"{servicer.watching} streams still open"
+            assert time.monotonic() < give_up, f"{servicer.watching} streams still open 30 s after their cancel"
             time.sleep(0.01)
 
     run()

@@ -7,7 +7,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,21 +157,33 @@ def test_certificate_rotation_under_live_traffic(server: TlsServer, pki: certs.C
                 failures.append(exc)
                 return
 
+    def until(done: Callable[[], bool], what: str) -> None:
+        """Wait on a condition, not on a sleep a loaded machine overruns (the worker's pace varies 10x). The
+        keep-alive connection is used every second meanwhile: the server closes one idle for 5 s."""
+        give_up = time.monotonic() + 60
+        used = time.monotonic()
+        while not done():
+            assert not failures, failures
+            assert time.monotonic() < give_up, f"60 s without {what}"
+            if time.monotonic() - used > 1:
+                keepalive.request("GET", "/healthz")
+                assert keepalive.getresponse().read() == b"ok"
+                used = time.monotonic()
+            time.sleep(0.02)
+
+    rotated = certs.issue_server_cert(new_ca, ("localhost", "127.0.0.1"))
+    new_serial = rotated.certificate.serial_number
     worker = threading.Thread(target=traffic)
     worker.start()
     try:
-        time.sleep(0.3)
-        rotated = certs.issue_server_cert(new_ca, ("localhost", "127.0.0.1"))
-        new_serial = rotated.certificate.serial_number
+        until(lambda: len(seen) >= 5, "5 answers before the rotation")
         # Half a rotation first: a new cert with the old key must not break anything.
         certs.write_atomic(pki.cert, rotated.cert_pem)
         time.sleep(0.3)
         assert server.tls.reloads == 0
         certs.write_atomic(pki.key, rotated.key_pem, 0o600)
-        deadline = time.monotonic() + 5
-        while server.tls.reloads == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)
+        until(lambda: server.tls.reloads > 0, "a reload")
+        until(lambda: seen.count(new_serial) >= 5, "5 answers with the new certificate")
     finally:
         stop.set()
         worker.join(timeout=10)
