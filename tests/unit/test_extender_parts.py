@@ -375,7 +375,7 @@ def test_the_election_stands_by_until_ready_then_leads_seeds_and_on_release_stan
     )
     assert replica.calls == [("standing by", "")] and lease.record is None  # not synced: not a candidate
     replica.ready.set()
-    assert replica.seeded.wait(5)
+    assert replica.seeded.wait(30)
     identity = replica.calls[2][1]
     assert replica.calls[1:] == [("leader seen", identity), ("leading", identity), ("seed", ["r"])]
     election.release()
@@ -406,7 +406,7 @@ def test_a_new_leader_keeps_renewing_while_its_take_over_list_is_slow(
         assert renewed_ago < _ELECTION["leader_elect_renew_deadline_seconds"]
     finally:
         listed.set()
-        assert replica.seeded.wait(5)
+        assert replica.seeded.wait(30)
         election.release()
 
 
@@ -419,7 +419,7 @@ def test_a_standby_names_the_holder_and_never_leads_while_the_lease_is_live(leas
         load(flags=_ELECTION, env={}, config_file=None), replica, api=cast(CoreApi, None)
     )
     deadline = threading.Event()
-    for _ in range(100):
+    for _ in range(600):  # up to 30 s: the election thread's first round may be late on a loaded machine
         if ("leader seen", "other_1a2b") in replica.calls:
             break
         deadline.wait(0.05)

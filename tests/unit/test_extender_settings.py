@@ -209,15 +209,16 @@ class Rig:
         def run(app: Any, **kwargs: Any) -> None:
             self.served.update(kwargs, app=app)
             if self.served.get("probe_health"):
+                import time
+
                 url = f"http://127.0.0.1:{self.served['probe_health']}/healthz"
-                for _ in range(200):
+                give_up = time.monotonic() + 30  # the health thread may start late on a loaded machine
+                while time.monotonic() < give_up:
                     try:
-                        with urllib.request.urlopen(url, timeout=1) as r:
+                        with urllib.request.urlopen(url, timeout=10) as r:
                             self.served["health"] = r.status
                             return
                     except OSError:
-                        import time
-
                         time.sleep(0.02)
 
         self.mp.setattr(ext_main.uvicorn, "run", run)

@@ -50,7 +50,7 @@ class FakeApi:
         return W()
 
 
-def _wait(cond: Any, timeout: float = 5.0) -> None:
+def _wait(cond: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
