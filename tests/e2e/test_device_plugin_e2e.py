@@ -164,13 +164,13 @@ def test_kubelet_restart_and_plugin_restart(node: Node) -> None:
     for name in names[:4]:
         admit_and_check(node, name, want[name])
     node.kubelet.restart()
-    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 2, timeout=5.0)
+    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 2, timeout=30)
     for name in names[4:8]:
         admit_and_check(node, name, want[name])
     node.plugin.stop()
     node.plugin = node.new_plugin()
     node.plugin.start()
-    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 3, timeout=5.0)
+    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 3, timeout=30)
     for name in names[8:]:
         admit_and_check(node, name, want[name])
     wait_phases(node, names)

@@ -22,7 +22,12 @@ from tests.e2e.vgpu_stack import Extender, lease_rbac
 from vgpu import annotations as ann
 
 NS = "kube-system"
-LEASE_S, RENEW_S, RETRY_S = 8.0, 6.0, 0.5  # a release must hand over in well under half the lease
+LEASE_S, RENEW_S, RETRY_S = 12.0, 8.0, 0.5
+# A standby that finds the lease held takes over no sooner than this after the holder's last renewal (it waits out
+# the lease from when it saw the record change: up to a retry late, renewals a retry apart, a second for the
+# apiserver): the crash case waits at least this long, and a release must hand over sooner. Between the two is
+# the time a loaded CI machine has to notice the release and serve (was 4 s; a 10 s wait is not the broken case).
+LEASE_WAIT_MIN_S = LEASE_S - 2 * RETRY_S - 1
 
 
 def _post(ext: Extender, verb: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -118,7 +123,7 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     coord = client.CoordinationV1Api(cp.api_client())
     for e in exts:
         e.start()  # both synced and ready (/readyz): a standby is ready to take over
-    leader, _ = _wait_one_leader(exts, timeout=10)
+    leader, _ = _wait_one_leader(exts, timeout=60)
     standby = next(e for e in exts if e is not leader)
     code, body = _post(standby, "filter", FILTER)
     held = coord.read_namespaced_lease(lease, NS).spec
@@ -131,9 +136,9 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     assert leader.proc is not None
     cp.stop_process(leader.proc)
     second, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
-    assert second is standby and took < LEASE_S / 2
+    assert second is standby and took < LEASE_WAIT_MIN_S, f"the release handed over after {took:.1f} s"
     assert coord.read_namespaced_lease(lease, NS).spec.lease_transitions == 1
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while _labelled(core, exts) != [standby.name] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _labelled(core, exts) == [standby.name]
@@ -145,8 +150,10 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     assert _serving(exts) == [standby]
     standby.kill()
     third, took = _wait_one_leader(exts, timeout=LEASE_S * 3)
-    assert third is leader and took >= LEASE_S - 2 * RETRY_S - 1
-    deadline = time.monotonic() + 5
+    assert third is leader and took >= LEASE_WAIT_MIN_S, (
+        f"took over {took:.1f} s after a crash: before the lease ran out"
+    )
+    deadline = time.monotonic() + 30
     while _labelled(core, exts) != [leader.name] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _labelled(core, exts) == [leader.name]  # the crashed leader's stale label is gone too
@@ -158,7 +165,7 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
     held.spec.holder_identity = "intruder"
     coord.replace_namespaced_lease(lease, NS, held)
     assert third.proc is not None
-    deadline = time.monotonic() + RENEW_S
+    deadline = time.monotonic() + 60  # its next renewal, a retry away, then a clean exit: slow on a loaded machine
     while third.proc.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert third.proc.popen.poll() == 1, third.proc.tail(20)

@@ -112,7 +112,7 @@ def test_registers_after_serving_and_advertises_replicas_with_numa(rig: Rig) -> 
 
 
 def test_publishes_node_inventory(rig: Rig) -> None:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while ann.NODE_INVENTORY not in rig.pods.node_annotations.get(NODE, {}) and time.monotonic() < deadline:
         time.sleep(0.05)
     gpus = ann.decode_inventory(rig.pods.node_annotations[NODE][ann.NODE_INVENTORY])
@@ -151,7 +151,7 @@ def test_critical_xid_turns_replicas_unhealthy_and_updates_inventory(rig: Rig) -
     )
     healthy = [d for i, d in rig.kubelet.state.devices.items() if not i.startswith(bad)]
     assert len(healthy) == 70 and all(d.health == "Healthy" for d in healthy)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         gpus = ann.decode_inventory(rig.pods.node_annotations[NODE][ann.NODE_INVENTORY])
         if not gpus[2].healthy:
@@ -190,7 +190,7 @@ def test_plugin_restart_rebuilds_from_apiserver_and_kubelet(rig: Rig) -> None:
     for p in pods[10:]:
         admit(rig, p)
     rig.plugin.manager.drain()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while rig.pods.get(pods[9].key).bind_phase != ann.BindPhase.ALLOCATED and time.monotonic() < deadline:
         time.sleep(0.05)
     assert {rig.pods.get(p.key).bind_phase for p in pods} == {ann.BindPhase.ALLOCATED}
