@@ -1,5 +1,5 @@
 """Chaos against the real control plane: the extender reaches kube-apiserver only through tests/e2e/chaos_proxy.py,
-which slows its PATCHes past kube-scheduler's httpTimeout, answers bursts of 429/500 and cuts its watches; etcd is
+which slows its Bindings past kube-scheduler's httpTimeout, answers bursts of 429/500 and cuts its watches; etcd is
 restarted and the extender killed mid-burst. After each fault the invariants are checked on what the apiserver
 holds: no GPU over-committed (the bound pods' assignments per GPU within memory, cores and split), no pod left with
 a stale reservation (unbound, phase allocating, past the grace), every pod scheduled or reported unschedulable.
@@ -148,7 +148,7 @@ def _group(cp: ControlPlane, tag: str) -> dict[str, str]:
     """Three nodes of two GPUs for one fault, labelled and tainted with the group: the session's control plane also
     holds other modules' pods (namespaces are never finalised), and pending vGPU pods of theirs without a node
     selector were bound onto these nodes as soon as this module's kube-scheduler started, taking whole GPUs (the
-    20-pod slow-PATCH fault then found 3 slots, in the full suite only). The taint keeps every foreign pod off."""
+    20-pod slow-write fault then found 3 slots, in the full suite only). The taint keeps every foreign pod off."""
     prefix = f"{tag}-{uuid.uuid4().hex[:5]}"
     selector = {GROUP: prefix}
     for i in range(3):
@@ -163,39 +163,43 @@ def _group(cp: ControlPlane, tag: str) -> dict[str, str]:
     return selector
 
 
-def test_slow_patch_bind_rolls_back_inside_the_http_timeout(
+def test_a_slow_binding_answers_inside_the_http_timeout_and_keeps_its_slices_until_it_lands(
     stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str
 ) -> None:
+    """/bind's one write, the Binding carrying the assignment, is held 8 s by the proxy and then applied: the bind
+    answers "outcome unknown" within httpTimeout, its slices stay held, and when the Binding lands the pod is bound
+    with exactly the assignment the extender held; its retry is refused as bound already, never bound twice."""
     cp, ext, proxy = stack
     core = client.CoreV1Api(cp.api_client())
     selector = _group(cp, "slow")
-    # The issue's case first, by hand: /bind of one pod while its PATCH takes longer than the httpTimeout.
     core.create_namespaced_pod(namespace, _pod("by-hand", selector, scheduler="nobody"))
     uid = core.read_namespaced_pod("by-hand", namespace).metadata.uid
     node = _nodes(core, selector)[0]
     args = {"PodName": "by-hand", "PodNamespace": namespace, "PodUID": uid, "Node": node}
-    proxy.delay("PATCH", 8.0, "/pods/")
+    proxy.delay("POST", 8.0, "/binding")
     t0 = time.monotonic()
     error = ext.post("/bind", args)["Error"]
     took = time.monotonic() - t0
     assert took < HTTP_TIMEOUT_S, f"/bind answered after {took:.2f} s"
-    assert "deadline" in error, error
+    assert "binding outcome unknown" in error and "deadline" in error, error
     proxy.heal()
-    time.sleep(8.5)  # the delayed PATCHes land now, after the bind gave up (the assignment's; its undo then gets 409)
-    # kube-scheduler retries as a new cycle: /filter first, which drops the pod's own unbound reservation.
-    body = core.api_client.sanitize_for_serialization(core.read_namespaced_pod("by-hand", namespace))
-    assert node in (ext.post("/filter", {"Pod": body, "NodeNames": [node]}).get("NodeNames") or [])
+    deadline = time.monotonic() + 60  # the held Binding reaches the apiserver 8 s after it was sent
+    while not core.read_namespaced_pod("by-hand", namespace).spec.node_name and time.monotonic() < deadline:
+        time.sleep(0.25)
+    pod = core.read_namespaced_pod("by-hand", namespace)
+    assert pod.spec.node_name == node, "the delayed Binding never landed"
+    assert ann.decode_assignment(pod.metadata.annotations[ann.POD_ASSIGNMENT]).node == node
     retry = ext.post("/bind", args)["Error"]
-    assert retry == "", retry  # not "already in progress", not "holds a live assignment"
-    print(f"\nslow PATCH (8 s): /bind rolled back in {took:.2f} s (httpTimeout {HTTP_TIMEOUT_S:g} s); the retry bound")
+    assert "already bound" in retry, retry
+    print(f"\nslow Binding (8 s): /bind answered 'outcome unknown' in {took:.2f} s (httpTimeout {HTTP_TIMEOUT_S:g} s)")
     # Then a burst of pods through kube-scheduler under the same fault for 10 s.
-    proxy.delay("PATCH", 6.0, "/pods/")
+    proxy.delay("POST", 6.0, "/binding")
     names = _create(core, namespace, selector, "slow")
     time.sleep(10)
     proxy.heal()
     healed = time.monotonic()
     pods, settled = _settle(core, namespace, names, timeout=90)
-    _report("slow PATCH 6 s > httpTimeout", pods, healed, settled)
+    _report("slow Binding 6 s > httpTimeout", pods, healed, settled)
 
 
 def test_429_and_500_bursts(stack: tuple[ControlPlane, Extender, ChaosProxy], namespace: str) -> None:
@@ -266,10 +270,11 @@ def test_extender_killed_during_a_burst(stack: tuple[ControlPlane, Extender, Cha
     _report("extender SIGKILLed mid-burst", pods, healed, settled)
 
 
-# -- two replicas, leader election, 1 s PATCH latency, a forced handover ------------------------------------------
+# -- two replicas, leader election, 1 s Binding latency, a forced handover ------------------------------------------
 
 NS = "kube-system"
 LEASE_S, RENEW_S, RETRY_S = 6.0, 4.0, 0.5
+HELD_BACK = 4  # pods left for the new leader
 
 
 def _log_times(path: Path, msg: str) -> list[float]:
@@ -283,7 +288,7 @@ def _log_times(path: Path, msg: str) -> list[float]:
     return out
 
 
-def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
+def test_two_replicas_under_binding_latency_hand_over_without_overcommit(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     cp = control_plane
@@ -315,7 +320,7 @@ def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
         exts.append(ext)
     try:
         for e, p in zip(exts, proxies, strict=True):
-            p.delay("PATCH", 1.0, "/pods/")  # every pod PATCH of both replicas takes 1 s
+            p.delay("POST", 1.0, "/binding")  # every Binding of both replicas takes 1 s
             e.start()
         coord = client.CoordinationV1Api(cp.api_client())
         deadline = time.monotonic() + 20
@@ -357,8 +362,15 @@ def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
             time.sleep(1.5)
             proxies[leader].fail(500, 10**9, "/leases/")
             forced_at = time.time()
-            futures += [pool.submit(bind, n) for n in names[PODS // 2 :]]
+            futures += [pool.submit(bind, n) for n in names[PODS // 2 : -HELD_BACK]]
             concurrent.futures.wait(futures, timeout=60)
+        # The last pods are bound only once the standby leads: a bind is one 1 s Binding, so the old leader would
+        # otherwise bind every pod within its renew deadline and leave the new one nothing to show its first bind.
+        standby = exts[1 - leader].proc
+        assert standby is not None
+        deadline = time.monotonic() + LEASE_S + 10
+        while not _log_times(standby.log_path, "leader election: leading") and time.monotonic() < deadline:
+            time.sleep(0.1)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # every round tries every pod still unbound (no head-of-line wait)
             left = [n for n in names if not core.read_namespaced_pod(n, namespace).spec.node_name]
@@ -378,12 +390,12 @@ def test_two_replicas_under_patch_latency_hand_over_without_overcommit(
         first_new = min((t for t in new_binds if t >= new_leads[-1]), default=float("nan"))
         stats = _invariants(pods)
         print(
-            f"\nCHAOS leader handover under 1 s PATCH latency: {stats['bound']}/{len(pods)} pods scheduled, "
+            f"\nCHAOS leader handover under 1 s Binding latency: {stats['bound']}/{len(pods)} pods scheduled, "
             f"over-commits {stats['over']}, stale reservations {stats['stale']}; after the leader's renewals began to "
             f"fail: its last bind at {last_old - forced_at:.2f} s (renew deadline {RENEW_S:g} s), the standby leading "
             f"at {new_leads[-1] - forced_at:.2f} s (lease {LEASE_S:g} s), its first bind at {first_new - forced_at:.2f} s; "
             f"handover window (last bind of the old leader to the new one leading) {new_leads[-1] - last_old:.2f} s; "
-            f"the new leader's first bind {first_new - new_leads[-1]:.2f} s after it led (one 1 s PATCH, a 0.5 s round)"
+            f"the new leader's first bind {first_new - new_leads[-1]:.2f} s after it led (one 1 s Binding, a 0.5 s round)"
         )
         assert stats["over"] == 0 and stats["stale"] == 0, stats
         assert last_old < new_leads[-1], "the old leader bound after the new one took over"

@@ -54,7 +54,7 @@ NEEDED: dict[str, list[Right]] = {
         Right("watch", "pods"),
         Right("list", "pods", NS),  # the leader clears a stale leader label on its namespace's pods
         Right("get", "pods", TENANT_NS, "p"),  # /bind reads the pod it binds
-        Right("patch", "pods", TENANT_NS, "p"),  # assignment, bind-phase, bind-time, requeue
+        Right("patch", "pods", TENANT_NS, "p"),  # requeue nudge, fence; the assignment rides the Binding
         Right("patch", "pods", NS, "vgpu-extender-x"),  # its own leader label
         Right("create", "pods/binding", TENANT_NS, "p"),
         Right("list", "poddisruptionbudgets", group="policy"),  # the preempt verb spares protected pods
