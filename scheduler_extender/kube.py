@@ -218,8 +218,9 @@ class KubeBinder:
     def fence(self, *, namespace: str, name: str, uid: str, version: str) -> bool:
         """Make sure a Binding whose outcome is unknown can no longer land: it was sent conditional on `version`, so
         a write that moves the pod past that version fences it (it records the failure: bind phase failed, no
-        assignment). A 409 reads the pod: bound means it landed (False), unbound at another version, recreated or
-        gone means it never can (True). A failed call raises."""
+        assignment). A 409 reads the pod: bound with an assignment means it landed (False: the Binding carries one);
+        bound without, unbound at another version, recreated or gone means it never can (True). A failed call
+        raises."""
         annotations: dict[str, str | None] = {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: ann.BindPhase.FAILED.value}
         if version:
             try:
@@ -235,7 +236,8 @@ class KubeBinder:
         pod = get_pod(self.api, namespace=namespace, name=name)
         if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
             if (pod.get("spec") or {}).get("nodeName"):
-                return False
+                # Bound by someone else (no assignment): holding the slices for it would hold them for good.
+                return not ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.POD_ASSIGNMENT)
             if not version:  # the Binding's version is unknown: move the unbound pod past any (a 409 raises)
                 patch_pod_annotations(
                     self.api,

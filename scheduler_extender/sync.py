@@ -130,8 +130,9 @@ class StateSync:
             self.unbound.pop(key, None)
             self.first_seen.pop(key, None)
         elif not self._is_inflight(key):
-            # Written by a bind that has not (yet) created the Binding: it may still land, so the slices stay
-            # reserved — for the bind grace from when we first saw it, never as a lock that outlives it.
+            # An assignment on an unbound pod: ours arrive with the Binding, so an extender of an earlier release
+            # wrote it before its Binding (an upgrade), or someone by hand. The Binding may still land, so the slices
+            # stay reserved — for the bind grace from when we first saw it, never as a lock that outlives it.
             now = self.clock()
             deadline = self.first_seen.setdefault(key, now) + self.bind_grace_s
             if deadline <= now:

@@ -2,8 +2,8 @@
 
 /bind must bind the pod the apiserver holds, never a body a caller sent (docs/extender.md, "Security"). Reading it
 with a GET cost a round trip per bind; the watch already delivered it. /bind takes the pod from here when its UID is
-the one the bind names, and writes conditionally on its resourceVersion (scheduler_extender.kube.KubeBinder.known),
-so a version the watch has not caught up with yet is refused by the apiserver (409) and read again, never applied.
+the one the bind names, and sends its Binding conditional on its resourceVersion (scheduler_extender.bind), so a
+version the watch has not caught up with yet is refused by the apiserver (409) and read again, never applied.
 A pod not here (the watch is behind kube-scheduler's, or the book is full) is read with a GET as before.
 
 Only unbound, active pods naming one of our resources are kept (bound pods are never bound again), as the very

@@ -152,6 +152,8 @@ class _Apiserver(BaseHTTPRequestHandler):
     """Just enough of the pods API: GET answers a pod at resourceVersion 7, POST (a Binding) waits `post_delay_s`."""
 
     post_delay_s = 0.0
+    patch_status = 200
+    pod: dict[str, Any] | None = None
     seen: list[tuple[str, str, dict[str, Any]]] = []
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -164,11 +166,14 @@ class _Apiserver(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.seen.append(("GET", self.path, {}))
-        self._send(200, {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}})
+        self._send(200, self.pod or {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}})
 
     def do_PATCH(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append(("PATCH", self.path, body))
+        if self.patch_status != 200:
+            self._send(self.patch_status, {"kind": "Status", "status": "Failure", "code": self.patch_status})
+            return
         self._send(200, {"metadata": {"name": "p", "resourceVersion": "8"}})
 
     def do_POST(self) -> None:
@@ -184,7 +189,7 @@ class _Apiserver(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def apiserver() -> Iterator[tuple[KubeBinder, type[_Apiserver]]]:
-    handler = type("Handler", (_Apiserver,), {"seen": [], "post_delay_s": 0.0})
+    handler = type("Handler", (_Apiserver,), {"seen": [], "post_delay_s": 0.0, "patch_status": 200, "pod": None})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     conf = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
@@ -245,3 +250,18 @@ def test_kube_binder_fence_writes_on_the_version_the_binding_was_sent_on(apiserv
     assert method == "PATCH" and path.endswith("/namespaces/ns/pods/p")
     assert body["metadata"]["resourceVersion"] == "8" and body["metadata"]["uid"] == "u1"
     assert body["metadata"]["annotations"] == {ann.POD_ASSIGNMENT: None, ann.POD_BIND_PHASE: "failed"}
+
+
+@pytest.mark.parametrize(("assignment", "landed"), [(True, True), (False, False)])
+def test_kube_binder_fence_on_a_pod_bound_since_tells_whether_its_binding_landed(
+    apiserver: tuple[KubeBinder, Any], assignment: bool, landed: bool
+) -> None:
+    """The fence's write gets 409 and the pod reads bound. The Binding carries the assignment, so bound with one it
+    landed (the slices stay held); bound without one, someone else bound it and this Binding never can."""
+    binder, handler = apiserver
+    pod: dict[str, Any] = {"metadata": {"name": "p", "uid": "u1", "resourceVersion": "9"}, "spec": {"nodeName": "a"}}
+    if assignment:
+        pod["metadata"]["annotations"] = {ann.POD_ASSIGNMENT: ann.encode_assignment(_ONE)}
+    handler.pod, handler.patch_status = pod, 409
+    assert binder.fence(namespace="ns", name="p", uid="u1", version="8") is (not landed)
+    assert [m for m, _, _ in handler.seen] == ["PATCH", "GET"]
