@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import re
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,12 +25,48 @@ class ControlPlaneError(RuntimeError):
     """A control-plane process failed to build, start or become ready. The message has the log tails."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 15000
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default low end
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server started next.
+
+    Picked below the kernel's ephemeral range, not by bind(("127.0.0.1", 0)): a port from that range, freed again
+    here, can be taken as the source port of any outgoing connection on the machine (the apiserver's to etcd, a
+    test's requests) before the server binds it, and the server then fails "address already in use". Ports below
+    the range are never handed out that way; each is handed out once per process."""
+    high = _ephemeral_low()
+    with _handed_out_lock:
+        if high - _LOWEST_PORT >= 1000:
+            for _ in range(200):
+                port = random.randrange(_LOWEST_PORT, high)
+                if port not in _handed_out and _bindable(port):
+                    _handed_out.add(port)
+                    return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the range: the kernel's pick
+            s.bind(("127.0.0.1", 0))
+            picked: int = s.getsockname()[1]
+        _handed_out.add(picked)
+        return picked
 
 
 _prctl: Any

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -31,6 +30,7 @@ from device_plugin.watchdog.hardlimit import HardLimiter
 from device_plugin.watchdog.ladder import LadderConfig, Step
 from device_plugin.watchdog.sampling import NvmlSampler
 from device_plugin.watchdog.watchdog import Watchdog
+from kube_vgpu_dev.processes import free_port
 from scheduler_extender.metrics import ExtenderMetrics
 from tests.unit.test_watchdog_cycle import SCENARIO
 
@@ -38,12 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "kube-vgpu-dashboard.json"
 # Grafana variables -> values Prometheus understands (all nodes, a rate window a few scrapes long).
 GRAFANA_VARS = {"$__rate_interval": "30s", "$Hostname": ".*", "${Hostname}": ".*"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dashboard_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:

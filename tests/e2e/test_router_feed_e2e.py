@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import tempfile
 import time
 import urllib.request
@@ -29,6 +28,7 @@ from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.kubelet import FakeKubelet
 from device_plugin.testing.node_sim import cgroup_v2_systemd
 from device_plugin.testing.workload import spec_containers
+from kube_vgpu_dev.processes import free_port
 from tests.unit.test_telemetry_exporter import extractor_gpu_utilization, families
 from vgpu import annotations as ann
 from vgpu.roles import Role
@@ -48,12 +48,6 @@ PODS: dict[str, tuple[list[int], int, Role, list[int | None]]] = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Node:
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
         from kubernetes import client
@@ -69,7 +63,7 @@ class Node:
         self.kubelet = FakeKubelet(str(self.dir / "plugins"), f"{self.dir}-pr.sock")
         self.kubelet.start()
         self.nvml = FakeNvml({"gpus": GPUS}, clock=time.monotonic)
-        self.epp_port = _free_port()
+        self.epp_port = free_port()
         conf = PluginConfig(
             node_name=self.name,
             plugin_dir=str(self.dir / "plugins"),

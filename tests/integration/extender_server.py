@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -15,12 +14,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from kube_vgpu_dev.processes import free_port
 
 
 @contextlib.contextmanager

@@ -18,14 +18,9 @@ from device_plugin.config import PluginConfig
 from device_plugin.nvml import real
 from device_plugin.podresources import PodResourcesClient
 from device_plugin.testing.node_sim import RecordingKube, build
+from kube_vgpu_dev.processes import free_port
 from tests.unit.test_telemetry_exporter import extractor_gpu_utilization
 from tests.unit.test_watchdog_cycle import SCENARIO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ developer cluster's argument checks (no process started)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from kube_vgpu_dev import cli, components
 from kube_vgpu_dev.kubeconfig import kubeconfig_text
 from kube_vgpu_dev.pki import ClusterPki, make_cluster_pki
+from kube_vgpu_dev.processes import free_port
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,19 @@ def test_up_refuses_bad_arguments_before_starting_anything(
 ) -> None:
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_free_ports_lie_below_the_ephemeral_range_are_bindable_and_never_repeat() -> None:
+    """A port from the ephemeral range can become some outgoing connection's source port before the server binds
+    it ("address already in use" on a busy machine); free_port picks below the range, each port once."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:
+        low = 32768
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    if low - 15000 >= 1000:
+        assert all(15000 <= p < low for p in ports), ports
+    for p in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
