@@ -209,3 +209,20 @@ def test_the_book_is_bounded_and_a_relist_replaces_it() -> None:
     assert book.get("ns/p0") is newer
     book.replace([pods[2]])
     assert len(book) == 1 and book.get("ns/p2") is pods[2]
+
+
+def test_a_stale_watched_version_that_cannot_be_read_again_frees_the_slices(
+    setup: tuple[ExtenderService, FakeBinder],
+) -> None:
+    """The 409 says the Binding was not applied; if the pod cannot be read to try again, nothing is held."""
+    svc, binder = setup
+    pod = _versioned("p", "7")
+    svc.pod_event("ADDED", copy.deepcopy(pod))
+    newer = copy.deepcopy(pod)
+    newer["metadata"]["resourceVersion"] = "8"
+    binder.pods["ns/p"] = newer
+    binder.get_fails = True
+    err = _bind(svc, pod, "a")
+    assert "the pod changed while it was being bound" in err and "cannot read the pod" in err
+    assert binder.sent == [("ns/p", "7")] and "ns/p" not in svc.state.assignments and not len(svc.reservations)
+    assert "ns/p" not in svc.sync.unbound and not newer["spec"].get("nodeName")
