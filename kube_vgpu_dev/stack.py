@@ -176,12 +176,12 @@ class Extender:
 
     def probe(self, path: str) -> bytes:
         """GET on the plain health port, as a kubelet probe or Prometheus does (no client certificate)."""
-        with urllib.request.urlopen(self.health_url + path, timeout=5) as r:
+        with urllib.request.urlopen(self.health_url + path, timeout=30) as r:  # a slow answer is not a failed one
             body: bytes = r.read()
         return body
 
     def get(self, path: str, *, raw: bool = False) -> Any:
-        with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=5) as r:
+        with urllib.request.urlopen(self.url + path, context=self.ctx, timeout=30) as r:
             body = r.read()
         return body if raw else json.loads(body)
 
