@@ -42,7 +42,9 @@ def test_report_has_every_field_and_each_arm_measured_what_it_claims(report: dic
     # The extender arm went through filter/prioritize/bind, and the extender (not kube-scheduler) bound the pods.
     assert ext["extender_verb_calls"] >= 3 * ext["bound"]
     assert ext["requests_per_pod"][EXTENDER_USER]["create pods/binding"] >= 1.0
-    assert ext["requests_per_pod"][EXTENDER_USER]["patch pods"] >= 1.0  # the assignment annotation
+    # One write a bind: the Binding carries the assignment (no PATCH per pod; a requeue nudge or fence may patch).
+    mine = ext["requests_per_pod"][EXTENDER_USER]
+    assert mine.get("patch pods", 0) < 0.5 and mine["create pods/binding"] < 1.5, mine
     assert ext["requests_per_pod"][SCHEDULER_USER].get("create pods/binding", 0) == 0
     assert ext["cpu_ms_per_pod"]["extender"] > base["cpu_ms_per_pod"]["extender"]
     assert ext["extender_ms_per_pod"]["filter"] > 0 and ext["extender_ms_per_pod"]["bind"] > 0
