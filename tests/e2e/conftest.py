@@ -13,10 +13,13 @@ cold build (tens of minutes on 2 cores) never counts against a test's timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,13 +106,35 @@ def kwok(control_plane: ControlPlane) -> ControlPlane:
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane) -> str:
-    """A new namespace for one test (namespaces are never finalised here, so they are not deleted)."""
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A new namespace for one test (namespaces are never finalised here, so they are not deleted).
+
+    At the end its pods that are still unscheduled are deleted, with those of the namespaces named after it
+    (`<name>-off`): a pod left pending under the vgpu scheduler's name is placed by the next module that starts a
+    vgpu kube-scheduler, on that module's nodes, taking GPUs its test counts on (the webhook e2e's pods, pending
+    without a scheduler, took GPUs of the topology e2e's nodes and its "NVLink peers" reason never came)."""
     from kubernetes import client
 
+    core = client.CoreV1Api(control_plane.api_client())
     name = f"e2e-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(control_plane.api_client()).create_namespace({"metadata": {"name": name}})
-    return name
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    _delete_unscheduled_pods(core, name)
+
+
+def _delete_unscheduled_pods(core: Any, namespace: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        pending = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items
+        for pod in pending:
+            ns = pod.metadata.namespace
+            if ns == namespace or ns.startswith(namespace + "-"):
+                with contextlib.suppress(ApiException):  # gone already (404)
+                    core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+    except (ApiException, HTTPError, OSError) as exc:  # the control plane is down: the test's own failure says why
+        warnings.warn(f"could not delete the unscheduled pods of {namespace}: {exc}", stacklevel=1)
 
 
 @pytest.hookimpl(hookwrapper=True)
