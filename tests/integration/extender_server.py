@@ -25,7 +25,7 @@ def running_extender(
     client: tuple[Path, Path] | None = None,
     env: dict[str, str] | None = None,
     prefix: list[str] | None = None,
-    startup_timeout: float = 20,
+    startup_timeout: float = 60,
 ) -> Iterator[str]:
     """Yield the base URL of a running extender; the process is terminated (then killed) on exit. `client` is the
     certificate and key the readiness poll presents when the extender requires one (--client-ca-file)."""

@@ -274,7 +274,7 @@ def test_mtls_refuses_every_verb_without_a_certificate_and_with_a_foreign_one(mt
     for client in (None, foreign):
         for method, path, body in VERBS:
             with pytest.raises(REFUSED):  # the TLS handshake fails: no request reaches a handler
-                httpx.request(method, f"{url}{path}", json=body, verify=_tls(ca, client), timeout=5)
+                httpx.request(method, f"{url}{path}", json=body, verify=_tls(ca, client), timeout=30)
     ok = httpx.post(
         f"{url}/filter", json={"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": NODES}, verify=_tls(ca, scheduler)
     )
