@@ -21,7 +21,7 @@ PRELUDE = 'set -euo pipefail; log() { echo "[t] $*" >&2; }; source hack/lib/prog
 
 def test_progress_run_reports_downloads_and_packages_while_a_build_runs(tmp_path: Path) -> None:
     fake_go = (
-        'for i in 1 2 3 4; do echo "go: downloading example.com/m$i v1.0.0" >&2; '
+        'for i in 1 2 3 4 5 6; do echo "go: downloading example.com/m$i v1.0.0" >&2; '
         'echo "example.com/m$i/pkg" >&2; sleep 0.7; done'
     )
     proc = bash(
