@@ -107,7 +107,14 @@ class ShapeMemo:
     cannot go (card too small, or `slice_blocker`). Valid for one (pod shape, placement config) only: the planner
     keeps one per shape cache. In a 5,000-node cluster a few hundred GPU states stand for 40,000 GPUs."""
 
-    slots: dict[tuple[object, ...], tuple[int, int, int]] = field(default_factory=dict)
+    slots: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # by `GpuUsage.state_id`
+    # Set by each `fit_node` call: whether its answer depends only on the node's `NodeState.class_key` (given a
+    # `StateRank`), up to which GPU of the chosen state it names: a one-slice fit over the distinct GPU states with a
+    # best state (or states that rank equal, `tied`), or a failure counted over GPUs nothing excluded. vgpu.planner then reuses it for the class.
+    shared: bool = False
+    # With `shared`, after a fit: the first GPU of each state that ranked equal to the chosen one (the chosen first),
+    # empty when no other did. On another node of the class the lowest-index one of these states is chosen.
+    tied: tuple[GpuUsage, ...] = ()
 
 
 def fit_node(
@@ -118,6 +125,8 @@ def fit_node(
     `memo` (optional, one per pod shape and config) lets a one-slice pod skip the per-GPU checks on GPU states it
     has met before; the placement is the same with or without it."""
     inv = node.inventory
+    if memo is not None:
+        memo.shared = False
     if inv.cpu_milli and node.cpu_used + pod.cpu_milli > inv.cpu_milli:
         return FitFailure(f"insufficient cpu ({node.cpu_used}+{pod.cpu_milli} > {inv.cpu_milli} millicores)")
     if inv.memory_mib and node.memory_used + pod.memory_mib > inv.memory_mib:
@@ -265,7 +274,8 @@ def _fit_one(
     (least (role order, rank, index) among the GPUs that can host the slice), None when none can."""
     req = pod.request.containers[0]
     by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
-    near = near_counterpart(node, pod) if by_role_order and config.topology and pod.model is not None else _EMPTY
+    near_possible = by_role_order and config.topology and pod.model is not None
+    near = near_counterpart(node, pod) if near_possible else _EMPTY
     cordoned = node.inventory.cordon.uuids
     unhealthy_ok = config.allow_unhealthy or node.all_healthy
     models = pod.gpu_models
@@ -275,7 +285,10 @@ def _fit_one(
     best: tuple[float, float, int] | None = None
     chosen: tuple[GpuUsage, int, int] | None = None
     # Equal states are equal candidates when nothing else tells GPUs apart: the first of each state stands for all.
-    gpus = node.state_groups if not check and not near and isinstance(rank, StateRank) else node.gpus
+    grouped = not check and not near and isinstance(rank, StateRank)
+    gpus = node.state_groups if grouped else node.gpus
+    # Other states' GPUs that rank equal to the best: the lowest index decides, so the answer depends on GPU order.
+    tied: list[GpuUsage] = []
     for u in gpus:
         dev = u.device
         if check and (
@@ -285,7 +298,7 @@ def _fit_one(
             or (gpu_filter is not None and gpu_filter.blocker(dev) is not None)
         ):
             continue
-        key = u.key_memo or u.state_key
+        key = u.id_memo or u.state_id
         slot = slots.get(key)
         if slot is None:
             if len(slots) >= _SLOTS_LIMIT:
@@ -299,7 +312,16 @@ def _fit_one(
             order = -0.5
         cand = (order, rank(u, mem, cores, pod), dev.index)
         if best is None or cand < best:
+            if best is not None and cand[0] == best[0] and cand[1] == best[1]:
+                tied.insert(0, u)  # not reached in index order, kept for completeness
+            else:
+                tied = [u]
             best, chosen = cand, (u, mem, cores)
+        elif cand[0] == best[0] and cand[1] == best[1]:
+            tied.append(u)
+    # `near` can only be non-empty on a node with NVLink (in the class key) for a pod with a model and a role order.
+    memo.shared = grouped and (not node.topology.cliques or not near_possible)
+    memo.tied = tuple(tied) if len(tied) > 1 else ()
     if chosen is None:
         return None
     u, mem, cores = chosen

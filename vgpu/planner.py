@@ -9,6 +9,7 @@ shape, policy epoch): after a bind only the changed node is recomputed, which is
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import heapq
 import zlib
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vgpu import annotations as ann
+from vgpu.annotations import ContainerAssignment, DeviceSlice
+from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, fit_node
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
-from vgpu.placement.role_score import role_score
+from vgpu.placement.role_score import free_after, headroom_one, role_parts
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState, GpuUsage, NodeState
 from vgpu.topology import placement_score
@@ -46,10 +49,69 @@ class _Memo:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeResult:
-    placement: NodePlacement | None
-    score: float = 0.0
+class _Shared:
+    """One node class's evaluation (`NodeState.class_key`) for one memoised shape: the chosen GPU's state and slice,
+    the policy's score and the role score without its headroom; or the failure, which names no GPU."""
+
+    state: int | None  # `GpuUsage.state_id` of the chosen GPU
+    container: str = ""
+    memory_mib: int = 0
+    cores: int = 0
+    policy_score: float = 0.0
+    role_base: float = 0.0
+    # The whole score where it is the same on every node of the class (no headroom term, or one at its cap); None:
+    # policy_score + (role_base + the node's own headroom), the order `_evaluate` adds them in.
+    score: float | None = None
     failure: FitFailure | None = None
+    # Where GPUs of several states rank equal to the best: each such state's answer, by state; a node takes the one
+    # whose first GPU has the lowest index there.
+    tied: dict[int, _Shared] | None = None
+
+
+_PER_NODE = _Shared(None)  # the class's answer names GPUs by order (a tie, a cordon, NVLink...): evaluate each node
+Classes = dict[int, _Shared]  # by `NodeState.class_key`
+
+
+class NodeResult:
+    """A node's fit (`placement`, None when it failed), score and failure. Immutable. A node that takes its class's
+    answer (`_Shared`) names its GPU only when asked: a cold pass over 5,000 nodes reads the placement of a few."""
+
+    __slots__ = ("_deferred", "_placement", "failure", "score")
+
+    def __init__(self, placement: NodePlacement | None, score: float = 0.0, failure: FitFailure | None = None) -> None:
+        self._placement = placement
+        self.score = score
+        self.failure = failure
+        self._deferred: tuple[str, GpuDevice, _Shared] | None = None
+
+    @classmethod
+    def of_class(cls, node: str, dev: GpuDevice, shared: _Shared, score: float) -> NodeResult:
+        out = cls(None, score)
+        out._deferred = (node, dev, shared)
+        return out
+
+    @property
+    def placement(self) -> NodePlacement | None:
+        deferred = self._deferred
+        if deferred is not None and self._placement is None:
+            node, dev, shared = deferred
+            slc = DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=shared.memory_mib, cores=shared.cores)
+            self._placement = NodePlacement(node, (ContainerAssignment(name=shared.container, devices=(slc,)),))
+        return self._placement
+
+    def _fields(self) -> tuple[NodePlacement | None, float, FitFailure | None]:
+        return (self.placement, self.score, self.failure)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeResult):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"NodeResult(placement={self.placement!r}, score={self.score!r}, failure={self.failure!r})"
 
 
 @dataclass(slots=True)
@@ -180,6 +242,8 @@ class Planner:
         self._cache: OrderedDict[tuple[object, ...], dict[str, tuple[int, NodeResult]]] = OrderedDict()
         self._memo: OrderedDict[tuple[object, ...], _Memo] = OrderedDict()
         self._shapes: OrderedDict[tuple[object, ...], ShapeMemo] = OrderedDict()  # per (pod shape, config)
+        # Per `_cache` key: each node class's evaluation (see `_Shared`), for the policies and shapes it holds for.
+        self._classes: OrderedDict[tuple[object, ...], Classes] = OrderedDict()
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -234,23 +298,123 @@ class Planner:
         return memo
 
     def _evaluate(
-        self, node_name: str, pod: PodInfo, policy: NodePolicy, rank: GpuRank, memo: ShapeMemo | None = None
+        self,
+        node_name: str,
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        memo: ShapeMemo | None = None,
+        classes: Classes | None = None,
     ) -> NodeResult:
+        """`classes` (with `memo`): node classes already evaluated for this shape, policy and epoch; a node of a known
+        class takes its class's answer on its own GPUs, the first of a class records it (see `_Shared`)."""
         node = self.state.nodes.get(node_name)
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
+        ckey: int | None = None
+        if classes is not None:
+            ckey = node.class_key
+            shared = classes.get(ckey)
+            if shared is not None and shared is not _PER_NODE:
+                return self._of_class(node, shared)
+            if shared is not None:
+                ckey = None
         node_rank = getattr(policy, "node_gpu_rank", None)  # optional: see NodeAwareRank
         if node_rank is not None and rank == policy.gpu_rank:
             rank = node_rank(node, pod)  # the policy orders GPUs knowing the whole node
         fit = fit_node(node, pod, self.config, rank, memo)
         if isinstance(fit, FitFailure):
+            if ckey is not None and classes is not None and memo is not None:
+                classes[ckey] = _Shared(None, failure=fit) if memo.shared else _PER_NODE
             return NodeResult(None, failure=fit)
-        score = policy.score(node, fit, pod) + role_score(node, fit, pod, self.config.roles)
+        policy_score = policy.score(node, fit, pod)
+        base, head = role_parts(node, fit, pod, self.config.roles)
+        score = policy_score + (base if head is None else base + head)  # what role_score returns, the same float
+        if ckey is not None and classes is not None and memo is not None:
+            classes[ckey] = self._share(node, fit, policy_score, base, head, score) if memo.shared else _PER_NODE
+            if memo.tied and classes[ckey] is not _PER_NODE:
+                classes[ckey] = self._share_tied(node, fit, pod, policy, memo, classes[ckey])
         if self.config.topology and self.config.topology_weight and any(len(c.devices) > 1 for c in fit.containers):
             linked = placement_score(node.topology, fit.containers, lambda: _idle(node))
             if linked is not None:  # a multi-GPU pod: nodes that give a connected set score higher
                 score += self.config.topology_weight * linked
         return NodeResult(fit, score=score)
+
+    def _share(
+        self, node: NodeState, fit: NodePlacement, policy_score: float, base: float, head: float | None, score: float
+    ) -> _Shared:
+        if len(fit.containers) != 1 or len(fit.containers[0].devices) != 1:
+            return _PER_NODE
+        c = fit.containers[0]
+        d = c.devices[0]
+        state = node.by_uuid[d.uuid].state_id
+        rules = self.config.roles
+        # The free GPU-equivalents are a float sum in GPU index order, so nodes of a class may differ in its last
+        # bits; clear of the cap by far more than that, min(1, free / cap) is exactly 1 on each of them.
+        capped = head is None or free_after(node, fit) >= rules.pair_headroom_gpus * (1 + 1e-9)
+        return _Shared(state, c.name, d.memory_mib, d.cores, policy_score, base, score if capped else None)
+
+    def _share_tied(
+        self, node: NodeState, fit: NodePlacement, pod: PodInfo, policy: NodePolicy, memo: ShapeMemo, chosen: _Shared
+    ) -> _Shared:
+        """`chosen` and the answer for each other state that ranked equal, as this node would score a slice there
+        (the policy's GPU order for this node is still the last it made)."""
+        tied = {chosen.state: chosen} if chosen.state is not None else {}
+        name = fit.containers[0].name
+        for u in memo.tied[1:]:
+            slot = memo.slots.get(u.id_memo or u.state_id)
+            if slot is None:  # the memo started over during the fit (it is bounded)
+                return _PER_NODE
+            dev = u.device
+            slc = DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=slot[0], cores=slot[1])
+            alt = NodePlacement(node.name, (ContainerAssignment(name=name, devices=(slc,)),))
+            policy_score = policy.score(node, alt, pod)
+            base, head = role_parts(node, alt, pod, self.config.roles)
+            score = policy_score + (base if head is None else base + head)
+            one = self._share(node, alt, policy_score, base, head, score)
+            if one.state is None:
+                return _PER_NODE
+            tied[one.state] = one
+        return dataclasses.replace(chosen, tied=tied)
+
+    def _of_class(self, node: NodeState, shared: _Shared) -> NodeResult:
+        """The class's answer on this node: its first GPU in the chosen state, the same slice and score."""
+        if shared.state is None:
+            return NodeResult(None, failure=shared.failure)
+        firsts = node.first_of_state
+        state = shared.state
+        if shared.tied is not None:
+            low = None
+            for tied_state, one in shared.tied.items():
+                at = firsts[tied_state].device.index
+                if low is None or at < low:
+                    low, shared, state = at, one, tied_state
+        u = firsts[state]
+        score = shared.score
+        if score is None:
+            head = headroom_one(node, u, shared.memory_mib, shared.cores, self.config.roles)
+            score = shared.policy_score + (shared.role_base + head)
+        return NodeResult.of_class(node.name, u.device, shared, score)
+
+    def _classes_for(self, key: tuple[object, ...], pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> Classes | None:
+        """The node classes of this memoised shape, or None where a class cannot stand for its nodes: a policy whose
+        score reads more than the class (only the fgd family's does not), a GPU policy override, a per-pod score, a
+        pod asking more than one slice."""
+        reqs = pod.request.containers
+        if (
+            not getattr(policy, "class_scored", False)
+            or rank != policy.gpu_rank
+            or hasattr(policy, "pod_score")
+            or len(reqs) != 1
+            or reqs[0].count != 1
+        ):
+            return None
+        classes = self._classes.get(key)
+        if classes is None:
+            classes = self._classes[key] = {}
+            if len(self._classes) > _CACHED_SHAPES:
+                self._classes.popitem(last=False)
+        return classes
 
     def _memo_for(
         self, pod: PodInfo, names: list[str]
@@ -266,17 +430,18 @@ class Planner:
         else:
             self._cache.move_to_end(key)
         fits = self._shape_memo(pod)
+        classes = self._classes_for(key, pod, policy, rank)
         if hasattr(policy, "pod_score"):  # scores differ per pod: memoise per pod, fits stay cached per shape
             key = (*key, pod.key, pod.uid)
         memo = self._memo.get(key)
         if memo is not None:
             self._memo.move_to_end(key)
-            if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank, fits):
+            if memo.version != self.state.version and not self._refresh(memo, cache, pod, policy, rank, fits, classes):
                 memo = None
         if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):  # no set built
             out = Evaluation()
             for name in names:
-                self._record(out, name, self._cached(cache, name, pod, policy, rank, fits))
+                self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
             memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
@@ -325,6 +490,7 @@ class Planner:
         policy: NodePolicy,
         rank: GpuRank,
         fits: ShapeMemo,
+        classes: Classes | None,
     ) -> bool:
         """Bring a memoised evaluation up to date in place, re-evaluating only the nodes that changed."""
         changed = self.state.changed_since(memo.version)
@@ -337,7 +503,7 @@ class Planner:
             ev.feasible.pop(name, None)
             ev.failed.pop(name, None)
             ev.unresolvable.pop(name, None)
-            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits))
+            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes))
         if touched:
             ev.priorities = None
             if ev.ranked is not None:
@@ -353,12 +519,13 @@ class Planner:
         policy: NodePolicy,
         rank: GpuRank,
         fits: ShapeMemo,
+        classes: Classes | None,
     ) -> NodeResult:
         node = self.state.nodes.get(name)
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
             return self._drawn(name, pod, policy, hit[1])
-        result = self._evaluate(name, pod, policy, rank, fits)
+        result = self._evaluate(name, pod, policy, rank, fits, classes)
         if node is not None:
             cache[name] = (node.version, result)
         return self._drawn(name, pod, policy, result)

@@ -7,6 +7,7 @@ SM quota or split count.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -27,6 +28,23 @@ class Holder:
     cores: int
 
 
+_INTERNED: dict[tuple[object, ...], int] = {}
+_NUMBERS = itertools.count(1)
+_INTERN_LIMIT = 1 << 18
+
+
+def intern(key: tuple[object, ...]) -> int:
+    """A number for a hashable key, the same for equal keys until the table is full and starts over; numbers are
+    never handed out twice, so equal numbers always mean equal keys (a restart only costs sharing, never a wrong
+    match). A process-wide memo like `functools.lru_cache`."""
+    n = _INTERNED.get(key)
+    if n is None:
+        if len(_INTERNED) >= _INTERN_LIMIT:
+            _INTERNED.clear()
+        n = _INTERNED[key] = next(_NUMBERS)
+    return n
+
+
 @dataclass(slots=True)
 class GpuUsage:
     device: GpuDevice
@@ -36,8 +54,9 @@ class GpuUsage:
     prefill: int = 0
     decode: int = 0
     best_effort: int = 0
-    # Cache of `state_key` (reset by `add` and `remove`, the only ways the usage changes).
+    # Cache of `state_key` and `state_id` (reset by `add` and `remove`, the only ways the usage changes).
     key_memo: tuple[object, ...] | None = field(default=None, repr=False, compare=False)
+    id_memo: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def state_key(self) -> tuple[object, ...]:
@@ -51,6 +70,15 @@ class GpuUsage:
             holders = tuple((h.role.value, h.model, h.cores) for h in self.holders)
             key = self.key_memo = (d.memory_mib, d.cores, d.split_count, self.memory_used, self.cores_used, holders)
         return key
+
+    @property
+    def state_id(self) -> int:
+        """A number for `state_key`: equal keys get equal numbers while the key is known, a number never stands for
+        another key (`intern`), so the per-shape memos compare one int, not nested tuples."""
+        i = self.id_memo
+        if i is None:
+            i = self.id_memo = intern(self.state_key)
+        return i
 
     @property
     def sharers(self) -> int:
@@ -67,7 +95,7 @@ class GpuUsage:
         return max(self.memory_used / d.memory_mib, self.cores_used / d.cores)
 
     def add(self, h: Holder) -> None:
-        self.key_memo = None
+        self.key_memo = self.id_memo = None
         self.holders.append(h)
         self.memory_used += h.memory_mib
         self.cores_used += h.cores
@@ -76,7 +104,7 @@ class GpuUsage:
         self.best_effort += h.cores == 0
 
     def remove(self, pod_key: str) -> None:
-        self.key_memo = None
+        self.key_memo = self.id_memo = None
         keep: list[Holder] = []
         for h in self.holders:
             if h.pod_key != pod_key:
@@ -152,6 +180,9 @@ class NodeState:
     groups_memo: tuple[int, tuple[GpuUsage, ...]] | None = field(default=None, repr=False, compare=False)
     # Cache of `vgpu.placement.role_score.free_after`'s per-GPU terms for `version`.
     free_terms_memo: tuple[int, tuple[float, ...]] | None = field(default=None, repr=False, compare=False)
+    # Cache of `class_key` for `version`, with the first GPU (in `gpus` order) of each distinct GPU state.
+    class_memo: tuple[int, int, dict[int, GpuUsage]] | None = field(default=None, repr=False, compare=False)
+    static_memo: tuple[object, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> NodeState:
@@ -176,11 +207,63 @@ class NodeState:
         """The first GPU (in `gpus` order) of each distinct `GpuUsage.state_key`, for the current version."""
         memo = self.groups_memo
         if memo is None or memo[0] != self.version:
-            first: dict[tuple[object, ...], GpuUsage] = {}
-            for u in self.gpus:
-                first.setdefault(u.state_key, u)
-            memo = self.groups_memo = (self.version, tuple(first.values()))
+            self._classify()
+            memo = self.groups_memo
+            assert memo is not None
         return memo[1]
+
+    @property
+    def class_key(self) -> int:
+        """A number (`intern`) for what a one-slice fit and the fgd-family score read of this node, without GPU indices or UUIDs: nodes with
+        equal keys decide alike up to which GPU of the chosen state is named (vgpu.planner's node classes).
+
+        The multiset of GPU states (`GpuUsage.state_id` and how many GPUs are in each), the host's capacity and use,
+        the first GPU's model and size (the fragmentation model reads them), whether a kubelet offer, a cordon, an
+        unhealthy GPU or NVLink is there (each turns the shared path off or changes it), and the (role, model) pairs
+        of the pods held (the role score's locality)."""
+        memo = self.class_memo
+        if memo is None or memo[0] != self.version:
+            memo = self._classify()
+        return memo[1]
+
+    @property
+    def first_of_state(self) -> dict[int, GpuUsage]:
+        """The first GPU (in `gpus` order) of each distinct `GpuUsage.state_id`, by id, for the current version."""
+        memo = self.class_memo
+        if memo is None or memo[0] != self.version:
+            memo = self._classify()
+        return memo[2]
+
+    def _classify(self) -> tuple[int, int, dict[int, GpuUsage]]:
+        first: dict[int, GpuUsage] = {}
+        counts: dict[int, int] = {}
+        for u in self.gpus:
+            k = u.state_id
+            n = counts.get(k)
+            if n is None:
+                first[k] = u
+                counts[k] = 1
+            else:
+                counts[k] = n + 1
+        static = self.static_memo
+        if static is None:
+            inv = self.inventory
+            g0 = self.gpus[0].device if self.gpus else None
+            static = self.static_memo = (
+                len(self.gpus),
+                None if g0 is None else (g0.model, g0.memory_mib, g0.cores),
+                inv.cpu_milli,
+                inv.memory_mib,
+                inv.kubelet is not None,
+                bool(inv.cordon.uuids),
+                self.all_healthy,
+                bool(self.topology.cliques),
+            )
+        roles = frozenset(k for k, n in self.role_models.items() if n > 0)
+        key = intern((static, frozenset(counts.items()), self.cpu_used, self.memory_used, roles))
+        self.groups_memo = (self.version, tuple(first.values()))
+        memo = self.class_memo = (self.version, key, first)
+        return memo
 
     @property
     def all_healthy(self) -> bool:

@@ -39,6 +39,9 @@ class Fgd:
     # GPU choice inside a node on the same integer steps as the node score (the simulator's), ties to the
     # lowest index; False: the exact least fragmentation growth.
     gpu_steps = True
+    # The score reads only what `NodeState.class_key` holds, plus the placement's GPU state: the planner may score a
+    # node class once (vgpu.planner).
+    class_scored = True
 
     def __init__(self, coverage: float = COVERAGE) -> None:
         if not 0 < coverage <= 1:

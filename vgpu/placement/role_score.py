@@ -6,7 +6,7 @@ from vgpu.config import RoleRules
 from vgpu.fit import NodePlacement, counterpart
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
-from vgpu.state import NodeState
+from vgpu.state import GpuUsage, NodeState
 
 
 def _is(role: Role, kind: Role) -> bool:
@@ -29,9 +29,17 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
     `pair_headroom_gpus`, so the counterparts that arrive later (a decode's prefills, a prefill's decode)
     still find room next to it.
     """
+    base, head = role_parts(node, placement, pod, rules)
+    return base if head is None else base + head
+
+
+def role_parts(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: RoleRules) -> tuple[float, float | None]:
+    """`role_score` as (complementarity and locality, headroom or None when it is off): `role_score` is their sum,
+    the same float. The first part depends only on the chosen GPUs' states and the node's (role, model) pairs, the
+    headroom on every GPU of the node in index order (vgpu.planner reuses the first across a node class)."""
     other = counterpart(pod.role)
     if other is None:
-        return 0.0
+        return 0.0, None
     slices = [d for c in placement.containers for d in c.devices]
     score = 0.0
     if slices:
@@ -53,8 +61,26 @@ def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
         elif here and not has_other:
             score += rules.pool_weight
     if rules.headroom_weight and rules.pair_headroom_gpus > 0:
-        score += rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
-    return score
+        return score, rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
+    return score, None
+
+
+def headroom_one(node: NodeState, u: GpuUsage, memory_mib: int, cores: int, rules: RoleRules) -> float:
+    """`role_parts`' headroom for a placement of one slice (`memory_mib`, `cores`) on GPU `u` of `node`."""
+    terms = _terms(node)
+    dev = u.device
+    out = list(terms)
+    out[node.positions[dev.uuid]] = max(
+        0.0, 1.0 - max((u.memory_used + memory_mib) / dev.memory_mib, (u.cores_used + cores) / dev.cores)
+    )
+    return rules.headroom_weight * min(1.0, sum(out) / rules.pair_headroom_gpus)
+
+
+def _terms(node: NodeState) -> tuple[float, ...]:
+    memo = node.free_terms_memo
+    if memo is None or memo[0] != node.version:
+        memo = node.free_terms_memo = (node.version, tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus))
+    return memo[1]
 
 
 def free_after(node: NodeState, placement: NodePlacement) -> float:
@@ -62,10 +88,7 @@ def free_after(node: NodeState, placement: NodePlacement) -> float:
 
     Each GPU's term is kept per node version and only the placement's GPUs are worked out again; the sum runs
     over the same terms in the same order as `used_after` gives them, so the float is the same."""
-    memo = node.free_terms_memo
-    if memo is None or memo[0] != node.version:
-        memo = node.free_terms_memo = (node.version, tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus))
-    terms = memo[1]
+    terms = _terms(node)
     added: dict[str, tuple[int, int]] = {}
     for c in placement.containers:
         for d in c.devices:
