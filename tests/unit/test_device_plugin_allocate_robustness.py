@@ -134,10 +134,18 @@ def test_not_yet_visible_is_retried_until_the_assignment_appears() -> None:
     pods = CountingPods()
     m = manager(pods, retry_s=60.0)  # long enough for a late Timer on a loaded machine; success ends the wait
     late = pod("late", ("c0", [1]))
-    threading.Timer(0.3, pods.add, args=(late,)).start()
+
+    def add_after_the_first_list() -> None:  # not a timer: a stalled test thread could list after it fired
+        give_up = time.monotonic() + 60
+        while pods.lists < 1 and time.monotonic() < give_up:
+            time.sleep(0.005)
+        time.sleep(0.3)
+        pods.add(late)
+
+    threading.Thread(target=add_after_the_first_list, daemon=True).start()
     t0 = time.monotonic()
     out = m.allocate([[rid(1)]])
-    assert time.monotonic() - t0 > 0.25 and pods.lists > 1  # it waited and re-read until the pod appeared
+    assert time.monotonic() - t0 >= 0.3 and pods.lists > 1  # it waited and re-read until the pod appeared
     assert out[0].envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[1].uuid
     assert m.served() == {(late.uid, "c0"): (rid(1),)}
 
