@@ -6,7 +6,6 @@ the option names it."""
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 import time
 import urllib.request
@@ -27,17 +26,12 @@ from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.kubelet import FakeKubelet
 from device_plugin.testing.pods import MemoryPods
 from device_plugin.testing.workload import placed_pods
+from kube_vgpu_dev.processes import free_port
 from tests.mps_fake import cleanup, commands, crash, fake_paths
 from vgpu import annotations as ann
 
 NODE = "gpu-node-1"
 SCENARIO = {"driver": "550.54.15", "gpus": [{"model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "count": 2}]}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -73,7 +67,7 @@ def _rig(root: Path, *, mps: bool, hami: bool) -> Rig:
     kubelet = FakeKubelet(str(root / "dp"), str(root / "pr.sock"))
     (root / "dp").mkdir()
     kubelet.start()
-    port = _port()
+    port = free_port()
     conf = PluginConfig(
         node_name=NODE,
         plugin_dir=str(root / "dp"),
