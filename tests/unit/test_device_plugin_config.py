@@ -16,6 +16,7 @@ from device_plugin.nvml import real
 from device_plugin.podresources import PodResourcesClient
 from device_plugin.testing.fake_nvml import FakeNvml
 from device_plugin.testing.pods import MemoryPods
+from kube_vgpu_dev.processes import free_port as _free_port
 from vgpu import kubelet_topology as kt
 from vgpu import logs
 from vgpu.settings import SettingsError
@@ -150,14 +151,6 @@ def _kubeconfig(tmp_path: Path) -> None:
         "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:2'}}]\n"
         "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
     )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 Probe = Callable[[Rig, PluginConfig, pytest.MonkeyPatch], object]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kube_vgpu_dev.processes import free_port as _free_port
 from scheduler_extender import kube, leadership, schema
 from scheduler_extender import main as ext_main
 from scheduler_extender.settings import PLACEMENT_SETTINGS, SCHEMA, ExtenderSettings, SettingsError, load
@@ -234,14 +235,6 @@ class Rig:
         root = logging.getLogger()
         fmt = "json" if isinstance(root.handlers[0].formatter, logs.JsonFormatter) else "text"
         return logging.getLevelName(root.level).lower(), fmt
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 FILE = {"source": "file", "cluster_file": str(DEMO_CLUSTER)}

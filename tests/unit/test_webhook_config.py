@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kube_vgpu_dev.processes import free_port as _free_port
 from vgpu import logs
 from webhook import certs
 from webhook.admission import Settings, decide
@@ -131,13 +131,6 @@ def test_request_defaults_and_names_flow_into_the_core() -> None:
 
 # --------------------------------------------------------------------------------------------------------------
 # every setting, given as a flag, an env variable or a file key, reaches the object that uses it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Rig:
