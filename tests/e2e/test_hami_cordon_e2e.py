@@ -97,7 +97,7 @@ def _metric(ext: Extender, name: str, **labels: str) -> float | None:
     return None
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = 20) -> None:
+def _until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

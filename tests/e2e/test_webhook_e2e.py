@@ -67,7 +67,7 @@ def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iter
     cfg = WebhookConfig(host="127.0.0.1", port=0, cert_file=str(pki.cert), key_file=str(pki.key))
     inventory = NodeAnnotationInventory(api=client.CoreV1Api(cp.api_client()))
     inventory.start()
-    assert inventory.wait_synced(10)
+    assert inventory.wait_synced(60)
     registry = CollectorRegistry()
     server: TlsServer = build_server(cfg, inventory, registry).start()
 
@@ -96,7 +96,7 @@ def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iter
 def _wait_until_active(core: Any, namespace: str) -> None:
     """The apiserver picks up new webhook configurations asynchronously: probe with a dry-run create."""
     probe = _pod("plain-gpu.yaml")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         created = core.create_namespaced_pod(namespace, probe, dry_run="All")
         if (created.metadata.labels or {}).get("vgpu.io/managed") == "true":
