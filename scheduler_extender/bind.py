@@ -282,7 +282,10 @@ def _carries(pod: Mapping[str, Any], assignment: Assignment | None) -> bool:
 def _may_still_land(exc: Exception) -> bool:
     """A call that got no HTTP answer (timeout, reset) may still be applied by the apiserver, and so may one it
     answered 504: its request timeout answers while the handler goes on (k8s.io/apiserver v0.34.4
-    pkg/server/filters/timeout.go). One refused with another status (409, 403, 500, ...) was not."""
+    pkg/server/filters/timeout.go). One refused with another status (409, 403, 500, ...) was not, nor one whose
+    deadline had passed before it was sent (scheduler_extender.deadline: "the call was not made")."""
+    if isinstance(exc, deadline.DeadlineExceeded):
+        return False
     return getattr(exc, "status", None) in (None, 504)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender import schema
+from scheduler_extender import deadline, schema
 from scheduler_extender.learning import LEARN_BOOTSTRAP
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.sources.kube import KubeSource
@@ -169,6 +169,22 @@ def test_a_binding_without_an_answer_is_read_back_and_one_that_can_no_longer_lan
     assert "binding failed" in err and "outcome unknown" not in err
     assert "ns/p" not in svc.state.assignments and not len(svc.reservations) and "ns/p" not in svc.sync.unbound
     assert binder.reads == 2  # the pod to bind, then the read-back
+
+
+def test_a_binding_never_sent_for_want_of_time_frees_at_once(setup: tuple[ExtenderService, FakeBinder]) -> None:
+    """The deadline had passed before the Binding could be sent (the call was not made): it can never land, so
+    nothing is held and nothing is read back."""
+    svc, binder = setup
+    pod = _pod("p", resourceVersion="7")
+    binder.pods["ns/p"] = pod
+
+    def late(**kwargs: Any) -> None:
+        raise deadline.DeadlineExceeded("deadline passed 0.010 s ago; the call was not made")
+
+    binder.bind = late  # type: ignore[method-assign]
+    err = _bind(svc, pod, "a")
+    assert "binding failed" in err and "was not made" in err and "outcome unknown" not in err
+    assert "ns/p" not in svc.state.assignments and not len(svc.reservations) and binder.reads == 1
 
 
 @pytest.mark.parametrize("check", ["reads_unbound", "read_fails"])
