@@ -66,6 +66,7 @@ class _Shared:
     # Where GPUs of several states rank equal to the best: each such state's answer, by state; a node takes the one
     # whose first GPU has the lowest index there.
     tied: dict[int, _Shared] | None = None
+    result: NodeResult | None = None  # for a failure: the one result every node of the class gets (it names none)
 
 
 _PER_NODE = _Shared(None)  # the class's answer names GPUs by order (a tie, a cordon, NVLink...): evaluate each node
@@ -76,27 +77,35 @@ class NodeResult:
     """A node's fit (`placement`, None when it failed), score and failure. Immutable. A node that takes its class's
     answer (`_Shared`) names its GPU only when asked: a cold pass over 5,000 nodes reads the placement of a few."""
 
-    __slots__ = ("_deferred", "_placement", "failure", "score")
+    __slots__ = ("_dev", "_node", "_placement", "_shared", "failure", "score")
 
     def __init__(self, placement: NodePlacement | None, score: float = 0.0, failure: FitFailure | None = None) -> None:
         self._placement = placement
         self.score = score
         self.failure = failure
-        self._deferred: tuple[str, GpuDevice, _Shared] | None = None
+        self._shared: _Shared | None = None
+        self._node = ""
+        self._dev: GpuDevice | None = None
 
     @classmethod
     def of_class(cls, node: str, dev: GpuDevice, shared: _Shared, score: float) -> NodeResult:
-        out = cls(None, score)
-        out._deferred = (node, dev, shared)
+        """The result of a node that takes its class's answer `shared` on its GPU `dev` (one object: a cold pass
+        makes one per node, and fewer objects mean fewer garbage collections of a large heap)."""
+        out = object.__new__(cls)
+        out._placement = None
+        out.score = score
+        out.failure = None
+        out._shared = shared
+        out._node = node
+        out._dev = dev
         return out
 
     @property
     def placement(self) -> NodePlacement | None:
-        deferred = self._deferred
-        if deferred is not None and self._placement is None:
-            node, dev, shared = deferred
+        shared, dev = self._shared, self._dev
+        if shared is not None and dev is not None and self._placement is None:
             slc = DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=shared.memory_mib, cores=shared.cores)
-            self._placement = NodePlacement(node, (ContainerAssignment(name=shared.container, devices=(slc,)),))
+            self._placement = NodePlacement(self._node, (ContainerAssignment(name=shared.container, devices=(slc,)),))
         return self._placement
 
     def _fields(self) -> tuple[NodePlacement | None, float, FitFailure | None]:
@@ -325,7 +334,9 @@ class Planner:
         fit = fit_node(node, pod, self.config, rank, memo)
         if isinstance(fit, FitFailure):
             if ckey is not None and classes is not None and memo is not None:
-                classes[ckey] = _Shared(None, failure=fit) if memo.shared else _PER_NODE
+                classes[ckey] = (
+                    _Shared(None, failure=fit, result=NodeResult(None, failure=fit)) if memo.shared else _PER_NODE
+                )
             return NodeResult(None, failure=fit)
         policy_score = policy.score(node, fit, pod)
         base, head = role_parts(node, fit, pod, self.config.roles)
@@ -440,8 +451,11 @@ class Planner:
                 memo = None
         if memo is None or (memo.names != names and not memo.name_set.issuperset(names)):  # no set built
             out = Evaluation()
-            for name in names:
-                self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+            if classes is not None:
+                self._fill(out, names, cache, pod, policy, rank, fits, classes)
+            else:
+                for name in names:
+                    self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
             memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
@@ -529,6 +543,42 @@ class Planner:
         if node is not None:
             cache[name] = (node.version, result)
         return self._drawn(name, pod, policy, result)
+
+    def _fill(
+        self,
+        out: Evaluation,
+        names: list[str],
+        cache: dict[str, tuple[int, NodeResult]],
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
+        classes: Classes,
+    ) -> None:
+        """`_record(out, name, _cached(...))` for every name, with the common case of a node whose class is known
+        (one best state, a score the same on every node of it) inline: a cold pass over 5,000 nodes is mostly that."""
+        nodes = self.state.nodes
+        feasible, scores = out.feasible, out.scores
+        for name in names:
+            node = nodes.get(name)
+            if node is not None:
+                hit = cache.get(name)
+                if hit is None or hit[0] != node.version:
+                    _, ckey, firsts = node.classified()
+                    shared = classes.get(ckey)
+                    if shared is not None and shared.tied is None:
+                        score = shared.score
+                        if shared.state is not None and score is not None:
+                            result = NodeResult.of_class(name, firsts[shared.state].device, shared, score)
+                            cache[name] = (node.version, result)
+                            feasible[name] = result
+                            scores[name] = score
+                            continue
+                        if shared.state is None and shared.result is not None:
+                            cache[name] = (node.version, shared.result)
+                            self._record(out, name, shared.result)
+                            continue
+            self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
 
     @staticmethod
     def _record(out: Evaluation, name: str, result: NodeResult) -> None:

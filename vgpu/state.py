@@ -234,6 +234,13 @@ class NodeState:
             memo = self._classify()
         return memo[2]
 
+    def classified(self) -> tuple[int, int, dict[int, GpuUsage]]:
+        """(version, `class_key`, `first_of_state`) at once, for the current version."""
+        memo = self.class_memo
+        if memo is None or memo[0] != self.version:
+            memo = self._classify()
+        return memo
+
     def _classify(self) -> tuple[int, int, dict[int, GpuUsage]]:
         first: dict[int, GpuUsage] = {}
         counts: dict[int, int] = {}
