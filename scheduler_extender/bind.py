@@ -23,6 +23,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from scheduler_extender import deadline, schema
 from scheduler_extender.binder import Binder
 from scheduler_extender.holds import SoftHolds
@@ -282,11 +284,35 @@ def _carries(pod: Mapping[str, Any], assignment: Assignment | None) -> bool:
 def _may_still_land(exc: Exception) -> bool:
     """A call that got no HTTP answer (timeout, reset) may still be applied by the apiserver, and so may one it
     answered 504: its request timeout answers while the handler goes on (k8s.io/apiserver v0.34.4
-    pkg/server/filters/timeout.go). One refused with another status (409, 403, 500, ...) was not, nor one whose
-    deadline had passed before it was sent (scheduler_extender.deadline: "the call was not made")."""
+    pkg/server/filters/timeout.go). So may a 500 that reports a storage timeout: etcd can commit a write whose
+    client (the apiserver) gave up on it ("etcdserver: request timed out"). One refused with another status
+    (409, 403, another 500, ...) was not, nor one whose deadline had passed before it was sent
+    (scheduler_extender.deadline: "the call was not made")."""
     if isinstance(exc, deadline.DeadlineExceeded):
         return False
-    return getattr(exc, "status", None) in (None, 504)
+    status = getattr(exc, "status", None)
+    if status == 500:
+        return _reports_timeout(exc)
+    return status in (None, 504)
+
+
+_TIMEOUT_WORDS = ("timed out", "timeout", "deadline exceeded")
+
+
+def _reports_timeout(exc: Exception) -> bool:
+    """The apiserver's Status body names a timeout (reason ServerTimeout/Timeout, or the message says so)."""
+    body = getattr(exc, "body", None)
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        status = orjson.loads(text) if text else {}
+    except orjson.JSONDecodeError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    if status.get("reason") in ("ServerTimeout", "Timeout"):
+        return True
+    message = str(status.get("message") or text).lower()
+    return any(word in message for word in _TIMEOUT_WORDS)
 
 
 def _describe(exc: Exception) -> str:

@@ -25,9 +25,10 @@ from vgpu.state import ClusterState
 class Refusal(Exception):
     """An apiserver answer with a status (as kubernetes.client.ApiException carries): nothing was applied."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
         super().__init__(f"({status}) {reason}")
         self.status = status
+        self.body = body
 
 
 class FakeBinder:
@@ -169,6 +170,48 @@ def test_a_binding_without_an_answer_is_read_back_and_one_that_can_no_longer_lan
     assert "binding failed" in err and "outcome unknown" not in err
     assert "ns/p" not in svc.state.assignments and not len(svc.reservations) and "ns/p" not in svc.sync.unbound
     assert binder.reads == 2  # the pod to bind, then the read-back
+
+
+@pytest.mark.parametrize(
+    ("answer", "may_land"),
+    [
+        (
+            Refusal(
+                500, "Internal Server Error", '{"reason":"InternalError","message":"etcdserver: request timed out"}'
+            ),
+            True,
+        ),
+        (
+            Refusal(500, "Internal Server Error", '{"reason":"ServerTimeout","message":"the server cannot complete"}'),
+            True,
+        ),
+        (
+            Refusal(500, "Internal Server Error", '{"reason":"InternalError","message":"admission webhook crashed"}'),
+            False,
+        ),
+        (Refusal(500, "Internal Server Error", "not json at all"), False),
+    ],
+)
+def test_a_500_that_reports_a_storage_timeout_may_still_land(
+    setup: tuple[ExtenderService, FakeBinder], answer: Refusal, may_land: bool
+) -> None:
+    """etcd can commit a write the apiserver gave up waiting for: such a 500 is read back and, the pod unbound at
+    the version the Binding was sent on, its slices stay held. Any other 500 refused the write: freed at once."""
+    svc, binder = setup
+    pod = _pod("p", resourceVersion="7")
+    binder.pods["ns/p"] = pod
+
+    def lost(**kwargs: Any) -> None:
+        binder.sent.append(("ns/p", kwargs["version"]))
+        raise answer
+
+    binder.bind = lost  # type: ignore[method-assign]
+    err = _bind(svc, pod, "a")
+    if may_land:
+        assert "binding outcome unknown" in err and "ns/p" in svc.state.assignments and binder.reads == 2
+    else:
+        assert "binding failed" in err and "outcome unknown" not in err
+        assert "ns/p" not in svc.state.assignments and not len(svc.reservations) and binder.reads == 1
 
 
 def test_a_binding_never_sent_for_want_of_time_frees_at_once(setup: tuple[ExtenderService, FakeBinder]) -> None:
