@@ -1,7 +1,9 @@
 """What leading means for the extender, wired to `scheduler_extender.leader`'s election.
 
 Leading: serve the verbs, label the own pod `vgpu.io/extender-leader=true` for the Service (clearing a label a
-crashed leader left on its pod), learn the running pods placed while standing by. Losing the lease: stop serving
+crashed leader left on its pod). Nothing is listed on taking over: a standby's pod watch already fed learning every
+pod the leader placed (`ExtenderService.pod_event`), and the election starts only once that watch has synced, so
+the new leader's first lease renewals never queue behind a list of every pod. Losing the lease: stop serving
 and end the process (SIGTERM to itself), so it comes back as a standby with state rebuilt from the apiserver. A clean
 shutdown releases the lease (`Election.release`). docs/extender.md, "Leader election".
 """
@@ -16,12 +18,11 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from scheduler_extender.kube import CoreApi, clear_other_leader_labels, lease_store, list_active_pods, mark_leader
+from scheduler_extender.kube import CoreApi, clear_other_leader_labels, lease_store, mark_leader
 from scheduler_extender.leader import LeaderElector
 from scheduler_extender.settings import ExtenderSettings
-from scheduler_extender.slim import LIST_PAGE, slim_pod
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ class Replica(Protocol):
 
     def leader_seen(self, holder: str) -> None:
         """Another replica holds the lease: name it in the refusals."""
-        ...
-
-    def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
-        """Learn the running pods the leader placed while this replica stood by."""
         ...
 
 
@@ -79,19 +76,12 @@ def start_leader_election(s: ExtenderSettings, service: Replica, api: CoreApi) -
         except Exception as exc:
             log.error("cannot label the own pod", extra={"pod": s.pod_name, "leading": leading, "error": repr(exc)})
 
-    def seed() -> None:
-        try:
-            service.seed_learning_from(list_active_pods(api, page_size=LIST_PAGE, slim=slim_pod))
-        except Exception as exc:  # learning catches up through /filter anyway
-            log.warning("cannot seed learning on taking over", extra={"error": repr(exc)})
-
     def started() -> None:
         service.set_leading(True, leader=identity)
         label(True)
-        # Not on the election's own thread: listing every pod took 70 s with 40k pods on a loaded apiserver, the
-        # lease went unrenewed past its renew deadline and the new leader gave up the lease it had just won
-        # (benchmarks/restart.py).
-        threading.Thread(target=seed, name="takeover-seed", daemon=True).start()
+        # No list of every pod here: with 40k pods on a loaded apiserver that list took 70 s, and the new leader's
+        # lease renewals, queued behind it, missed the renew deadline (benchmarks/restart.py). The standby's pod
+        # watch learned those pods as the old leader placed them.
 
     def stopped() -> None:
         service.set_leading(False, leader=elector.holder)

@@ -2,8 +2,10 @@
 
 A relearn re-scores every node once for every active pod shape (~0.5 s a shape at 5,000 nodes, on the request
 path), so after a first picture (`LEARN_BOOTSTRAP` pods) arrivals are fed at most once per relearn interval.
-Running pods that hold our assignments seed the picture (the first pod list; on taking over, the pods the leader
-placed meanwhile) and are never fed again: not by a second seeding, not as "first seen" at /filter.
+Running pods that hold our assignments seed the picture (the first pod list, then each one the pod watch shows
+that this replica never fed: on a standby, every pod the leader places, so taking over needs no list of all pods)
+and are never fed again: not by a second seeding, not as "first seen" at /filter. A pod this replica fed at /filter
+and bound is not fed again when the watch shows it bound.
 
 Not thread-safe: callers hold the state lock, except around `first_seen`, which only /filter calls (one thread).
 """
@@ -81,7 +83,8 @@ class Learning:
         self._learned = 0
         self._last_learn = float("-inf")
         self._recent: OrderedDict[str, None] = OrderedDict()  # UIDs /filter saw, oldest first
-        self._seeded: set[str] = set()  # UIDs of running pods that seeded learning
+        # UIDs of running pods that seeded learning, and of pods this replica is binding (fed at /filter already)
+        self._seeded: set[str] = set()
 
     @property
     def queued(self) -> int:
@@ -102,6 +105,40 @@ class Learning:
         if len(self._recent) > RECENT_PODS:
             self._recent.popitem(last=False)
         return new
+
+    def knows(self, uid: str) -> bool:
+        """This pod was fed already (seeded, or seen at /filter), or has no UID to tell it by: do not feed it again."""
+        return not uid or uid in self._seeded or uid in self._recent
+
+    def binding(self, uid: str) -> None:
+        """This replica binds the pod: /filter fed it, so the watch showing it bound must not feed it again (the
+        /filter memory holds only the last `RECENT_PODS`)."""
+        if uid:
+            self._seeded.add(uid)
+
+    def running(self, uid: str, candidates: Candidates, skipped: Counter[str]) -> bool:
+        """One pod the watch shows running with our assignment, as `seed_candidates` takes it (`candidates` empty
+        when it was skipped): fed as a seeding feeds it (one observe, counted towards the bootstrap), never twice,
+        without a relearn of the arrivals queued; a skipped pod is not tried again. True if it was fed."""
+        if self.knows(uid):
+            return False
+        self._seeded.add(uid)
+        fed = False
+        for _, info in candidates:
+            try:
+                self.policy.observe(info)
+            except UnknownPolicyError as exc:
+                skipped["unknown-policy"] += 1
+                log.warning("not learning from pod", extra={"pod": info.key, "error": str(exc)})
+                continue
+            fed = True
+            self._learned += 1
+        if self.metrics is not None:
+            if fed:
+                self.metrics.learning_seeded.inc()
+            for reason, n in skipped.items():
+                self.metrics.learning_seed_skipped.labels(reason).inc(n)
+        return fed
 
     def arrived(self, info: PodInfo) -> None:
         """Feed an arriving pod; batched so a burst causes at most one relearn per interval."""
@@ -131,7 +168,7 @@ class Learning:
         self._flush(now)
         seeded = 0
         for uid, info in candidates:
-            if uid and uid in self._seeded:
+            if uid and (uid in self._seeded or uid in self._recent):
                 continue
             try:
                 self.policy.observe(info)

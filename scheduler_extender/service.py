@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from scheduler_extender import schema
 from scheduler_extender.bind import DEFAULT_HTTP_TIMEOUT_S, BindVerb
 from scheduler_extender.binder import Binder
 from scheduler_extender.holds import SoftHolds, steer
-from scheduler_extender.learning import Learning, seed_candidates
+from scheduler_extender.learning import Candidates, Learning, seed_candidates
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.pending import Pending
 from scheduler_extender.preempt import Books, given_victims, nominations_held, victims_result
@@ -30,6 +31,7 @@ from scheduler_extender.requeue import Requeuer
 from scheduler_extender.reservations import Reservations
 from scheduler_extender.sync import StateSync
 from scheduler_extender.unbound_pods import UnboundPods
+from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 from vgpu.config import RequestDefaults, ResourceNames
 from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
@@ -127,6 +129,7 @@ class ExtenderService:
         # kube-scheduler asks /filter about the same names pod after pod and /prioritize about /filter's answer:
         # comparing lists is a memcmp per name, where looking each fresh name up hashes it (~0.5 ms at 5,000).
         self._known_memo: dict[str, tuple[list[str], int, list[str]]] = {}
+        self._pods_listed = False  # a later pod list is a relist (replace_pods)
 
     def _parse(self, pod: Mapping[str, Any]) -> PodInfo:
         return pod_info(pod, self.options.names, self.options.defaults)
@@ -308,6 +311,8 @@ class ExtenderService:
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName (scheduler_extender.bind)."""
+        with self.lock:  # /filter fed it: the watch showing it bound must not feed it again
+            self.learning.binding(args.PodUID)
         return self._bind.bind(args)
 
     def expire_unbound(self) -> None:
@@ -350,12 +355,23 @@ class ExtenderService:
             self.unbound.event(kind, pod)
             if kind == "DELETED" or is_finished(pod):
                 self.learning.forget(pod_uid(pod))
+            else:
+                self._learn_running(pod)
             if kind == "DELETED" or bound_node(pod):
                 self.pending.done(key)
                 self.holds.drop(key)
             # Only a release nudges: the nudge's own MODIFIED event changes no state, so it never nudges again.
             if held and key not in self.state.assignments:
                 self.pending.capacity_freed()
+
+    def _learn_running(self, pod: dict[str, Any]) -> None:
+        """A pod that now runs with our assignment and was never fed (on a standby: every pod the leader places)
+        feeds learning as the pod list's seeding would, so a standby takes over with the leader's picture and no
+        list of all pods (docs/extender.md, "Leader election"). Callers hold the lock."""
+        uid = pod_uid(pod)
+        if ann.POD_ASSIGNMENT not in ((pod.get("metadata") or {}).get("annotations") or {}) or self.learning.knows(uid):
+            return
+        self.learning.running(uid, *seed_candidates([pod], self._parse))
 
     def replace_nodes(self, nodes: list[dict[str, Any]]) -> None:
         with self.lock:
@@ -365,10 +381,18 @@ class ExtenderService:
                 self.pending.capacity_freed()  # new or changed nodes, as in node_event
 
     def replace_pods(self, pods: list[dict[str, Any]], *, seed_learning: bool = False) -> None:
-        """Apply a pod list. `seed_learning` (the source's first list only, never a relist, which would count
-        the pods twice): the running pods that hold our assignments also seed the placement policy's learned
-        workload, so a restarted extender does not start placement from a cold start."""
-        seed = seed_candidates(pods, self._parse) if seed_learning else None  # parsing needs no lock
+        """Apply a pod list. `seed_learning`: the running pods that hold our assignments also seed the placement
+        policy's learned workload, so a restarted extender does not start placement from a cold start (the kube
+        source seeds its first list in the background: `seed_learning_from`). A relist learns the running pods the
+        watch missed while it was down, as their events would have; pods fed before are never fed twice."""
+        relist = self._pods_listed
+        self._pods_listed = True
+        if seed_learning:
+            seed: tuple[Candidates, Counter[str]] | None = seed_candidates(pods, self._parse)  # parsing needs no lock
+        elif relist:  # unlocked membership reads only skip parsing: learning.seed checks again under the lock
+            seed = seed_candidates((p for p in pods if not self.learning.knows(pod_uid(p))), self._parse)
+        else:
+            seed = None
         with self.lock:
             held = set(self.state.assignments)
             self.sync.replace_pods(pods)
@@ -376,10 +400,10 @@ class ExtenderService:
             self.unbound.replace(pods)
             if not held <= self.state.assignments.keys():
                 self.pending.capacity_freed()
-            if seed is not None:
-                self.learning.seed(*seed)
-            else:
+            if not seed_learning:
                 self.learning.keep_only(pod_uid(p) for p in pods)
+            if seed is not None and (seed_learning or seed[0] or seed[1]):
+                self.learning.seed(*seed)
 
     # -- leadership (scheduler_extender.leadership.Replica) -------------------------------------
 
@@ -401,8 +425,8 @@ class ExtenderService:
         self.leader = holder
 
     def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
-        """Seed learning from running pods not seeded yet: a standby that takes over learns the pods the leader
-        placed while it stood by (it never saw their /filter). Pods seeded before are skipped, so none counts twice."""
+        """Seed learning from running pods not fed yet (the kube source's first list, in the background). Pods fed
+        before (seeded, from the watch, at /filter) are skipped, so none counts twice."""
         candidates, skipped = seed_candidates(pods, self._parse)
         with self.lock:
             return self.learning.seed(candidates, skipped)

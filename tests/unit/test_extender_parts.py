@@ -10,7 +10,6 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -335,7 +334,6 @@ class RecordingReplica:
     def __init__(self) -> None:
         self.ready = threading.Event()
         self.calls: list[tuple[str, Any]] = []
-        self.seeded = threading.Event()
 
     def set_leading(self, leading: bool, *, leader: str = "") -> None:
         self.calls.append(("leading" if leading else "standing by", leader))
@@ -346,17 +344,11 @@ class RecordingReplica:
     def bind_only_until(self, until: Callable[[], float]) -> None:
         self.until = until  # the lease's end for binds; not a call the assertions below follow
 
-    def seed_learning_from(self, pods: list[dict[str, Any]]) -> int:
-        self.calls.append(("seed", [p["metadata"]["name"] for p in pods]))
-        self.seeded.set()
-        return len(pods)
-
 
 @pytest.fixture
 def lease(monkeypatch: pytest.MonkeyPatch) -> MemoryLease:
     store = MemoryLease()
     monkeypatch.setattr(leadership, "lease_store", lambda **kw: store)
-    monkeypatch.setattr(leadership, "list_active_pods", lambda api, **kw: [_running("r", 50, "GPU-a-0")])
     return store
 
 
@@ -368,46 +360,26 @@ _ELECTION = {
 }
 
 
-def test_the_election_stands_by_until_ready_then_leads_seeds_and_on_release_stands_down(lease: MemoryLease) -> None:
+def test_the_election_stands_by_until_ready_then_leads_and_on_release_stands_down(lease: MemoryLease) -> None:
+    """Taking over calls nothing on the apiserver but the lease (the api here is None: a pod list would fail): the
+    standby's pod watch fed learning already (tests/unit/test_warm_standby.py)."""
     replica = RecordingReplica()
     election = leadership.start_leader_election(
         load(flags=_ELECTION, env={}, config_file=None), replica, api=cast(CoreApi, None)
     )
     assert replica.calls == [("standing by", "")] and lease.record is None  # not synced: not a candidate
     replica.ready.set()
-    assert replica.seeded.wait(30)
+    waiting = threading.Event()
+    for _ in range(600):  # up to 30 s: the election thread's first round may be late on a loaded machine
+        if any(call[0] == "leading" for call in replica.calls):
+            break
+        waiting.wait(0.05)
     identity = replica.calls[2][1]
-    assert replica.calls[1:] == [("leader seen", identity), ("leading", identity), ("seed", ["r"])]
+    assert replica.calls[1:] == [("leader seen", identity), ("leading", identity)]
+    assert election.elector.leading.is_set() and not election.lost.is_set()
     election.release()
     assert replica.calls[-1] == ("standing by", identity) and not election.lost.is_set()  # released: no SIGTERM
     assert lease.record is not None and lease.record.holder == ""
-
-
-def test_a_new_leader_keeps_renewing_while_its_take_over_list_is_slow(
-    lease: MemoryLease, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Listing every pod on taking over may outlast the renew deadline (40k pods); the lease must stay held."""
-    listed = threading.Event()
-    monkeypatch.setattr(leadership, "list_active_pods", lambda api, **kw: [listed.wait(10), []][1])
-    killed: list[int] = []  # losing the lease would SIGTERM this process: recorded instead
-    monkeypatch.setattr(leadership, "os", SimpleNamespace(kill=lambda pid, sig: killed.append(sig), getpid=lambda: 0))
-    replica = RecordingReplica()
-    replica.ready.set()
-    election = leadership.start_leader_election(
-        load(flags=_ELECTION, env={}, config_file=None), replica, api=cast(CoreApi, None)
-    )
-    try:
-        threading.Event().wait(3 * _ELECTION["leader_elect_renew_deadline_seconds"])  # the list still hangs
-        assert ("leading", election.elector.identity) in replica.calls
-        assert not election.lost.is_set() and election.elector.leading.is_set() and killed == []
-        assert lease.record is not None and lease.record.holder == election.elector.identity
-        assert lease.record.renew_time is not None  # renewed while the list hangs, not only when it was won
-        renewed_ago = (dt.datetime.now(dt.UTC) - lease.record.renew_time).total_seconds()
-        assert renewed_ago < _ELECTION["leader_elect_renew_deadline_seconds"]
-    finally:
-        listed.set()
-        assert replica.seeded.wait(30)
-        election.release()
 
 
 def test_a_standby_names_the_holder_and_never_leads_while_the_lease_is_live(lease: MemoryLease) -> None:
