@@ -872,3 +872,25 @@ def test_device_plugin_limits_pass_through_with_the_plugins_ranges(helm: str) ->
     chart = by_key(template(helm))
     text = chart[("ConfigMap", "vgpu-device-plugin")]["data"]["device-plugin.yaml"]
     assert not set(bounds) & set(yaml.safe_load(text))
+
+
+def test_the_extender_flowschema_puts_its_lease_requests_in_leader_election_and_has_a_switch(helm: str) -> None:
+    """On by default (tests/e2e/test_extender_flowschema_e2e.py applies it to a real apiserver); off leaves the rest."""
+    key = ("FlowSchema", "vgpu-extender-leader-election")
+    default = by_key(template(helm))
+    spec = default[key]["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    (rule,) = spec["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "vgpu-extender", "namespace": "kube-system"}}
+    ]
+    assert rule["resourceRules"] == [
+        {
+            "verbs": ["get", "create", "update"],
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "namespaces": ["kube-system"],
+        }
+    ]
+    off = by_key(template(helm, {"extender.leaderElection.flowSchema": False}))
+    assert key not in off and set(off) == set(default) - {key}
