@@ -71,7 +71,9 @@ def test_a_bind_behind_a_slow_binding_answers_inside_the_http_timeout_and_a_retr
     started = time.monotonic()
     error = _bind(svc, pod, "a")
     took = time.monotonic() - started
-    assert took < 1.0, f"answered after {took:.2f} s; kube-scheduler gives up at 1 s"
+    # Broken, it answers after the 25 s write; the budget itself is checked below on the timeouts the calls got
+    # (a wall-clock bound near 1 s fails correct code on a loaded machine).
+    assert took < 10.0, f"answered after {took:.2f} s, waiting on the 25 s write; kube-scheduler gave up at 1 s"
     assert "did not answer within this bind's deadline" in error and "binding outcome unknown" in error
     assert len(svc.reservations) == 0 and "ns/p" in svc.state.assignments  # no bind in flight; the slices held
     assert binder.timeouts and max(binder.timeouts) <= 1.0 - 0.25 - 0.2 + 0.01  # answer margin + read-back budget
@@ -96,14 +98,15 @@ def test_a_replica_past_its_lease_refuses_binds_with_nothing_reserved() -> None:
 
 
 def test_a_bind_stops_its_calls_at_the_lease_end_not_at_the_http_timeout() -> None:
-    binder = SlowBinder(delay_s=25.0)
-    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=5.0))
+    binder = SlowBinder(delay_s=60.0)
+    svc = ExtenderService(_state(), binder, options=ServiceOptions(bind_timeout_s=30.0))
     lease_end = time.monotonic() + 0.4
     svc.bind_only_until(lambda: lease_end)
     pod = _pod("p")
     binder.pods["ns/p"] = pod
     _bind(svc, pod, "a")
-    assert time.monotonic() < lease_end + 1.0 + 0.1  # the Binding ended at the lease end, the read-back after
+    # The Binding ended at the lease end, the read-back after; broken, the calls run to the 30 s bind timeout.
+    assert time.monotonic() < lease_end + 10.0
     assert binder.timeouts[0] <= 0.4 and len(svc.reservations) == 0
 
 
@@ -218,11 +221,11 @@ def test_kube_binder_sends_one_binding_carrying_the_assignment_on_the_version_gi
 
 def test_kube_binder_calls_end_at_the_deadline(apiserver: tuple[KubeBinder, Any]) -> None:
     binder, handler = apiserver
-    handler.post_delay_s = 5.0
+    handler.post_delay_s = 30.0
     started = time.monotonic()
     with deadline.within(started + 0.5), pytest.raises(Exception, match=r"(?i)timed? ?out"):
         binder.bind(namespace="ns", name="p", uid="u1", version="7", node="a", assignment=_ONE)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 10.0  # the 0.5 s deadline, not the 30 s answer
 
 
 def test_call_timeouts_from_the_settings_bound_every_call_and_a_deadline_shortens_them() -> None:
