@@ -352,10 +352,12 @@ def lease(monkeypatch: pytest.MonkeyPatch) -> MemoryLease:
     return store
 
 
+# Neither test below waits for a lease to lapse, so the lease is long: a leader whose renewals stalled past a short
+# renew deadline on a loaded machine would lose the lease and SIGTERM its own process - here, pytest.
 _ELECTION = {
     "leader_elect": True,
-    "leader_elect_lease_duration_seconds": 3,
-    "leader_elect_renew_deadline_seconds": 2,
+    "leader_elect_lease_duration_seconds": 60,
+    "leader_elect_renew_deadline_seconds": 40,
     "leader_elect_retry_period_seconds": 0.05,
 }
 
