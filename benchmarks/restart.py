@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -88,6 +89,7 @@ class Config:
     handover_s: float = 60.0  # how long pods keep coming in the handover phase
     relist: bool = True
     handover: bool = True
+    flowschema: bool = True  # the shipped FlowSchema (leader-election priority level) for the replicas' Lease calls
 
 
 # ---- the objects
@@ -455,9 +457,32 @@ def new_pod(i: int) -> dict[str, Any]:
     }
 
 
+def apply_flowschema(cp: ControlPlane) -> None:
+    """The shipped FlowSchema (deploy/manifests/extender.yaml) for the benchmark's replicas, which authenticate as the
+    user vgpu-extender (a client certificate) rather than the ServiceAccount: the same rule, that subject."""
+    docs = yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy/manifests/extender.yaml").read_text())
+    fs = next(d for d in docs if d and d["kind"] == "FlowSchema")
+    fs["spec"]["rules"][0]["subjects"] = [{"kind": "User", "user": {"name": "vgpu-extender"}}]
+    fs["metadata"].pop("labels", None)
+    client.FlowcontrolApiserverV1Api(cp.api_client()).create_flow_schema(fs)
+
+
+def _held_for(proxy: LeaderProxy, leader: Extender, seconds: float) -> float | None:
+    """Watch the new leader for `seconds`: when it stopped leading (lost the lease and exited), None if it kept it."""
+    t0 = time.monotonic()
+    while (elapsed := time.monotonic() - t0) < seconds:
+        alive = leader.proc is not None and leader.proc.alive()
+        if not alive or (proxy.leader is not None and proxy.leader is not leader):
+            return round(elapsed, 1)
+        time.sleep(0.5)
+    return None
+
+
 def measure_handover(cp: ControlPlane, cfg: Config, audit_log: Path) -> dict[str, Any]:
     lease = "vgpu-extender-bench"
     lease_rbac(cp, lease)
+    if cfg.flowschema:
+        apply_flowschema(cp)
     core = client.CoreV1Api(cp.api_client())
     replicas: dict[str, Extender] = {}
     first_ca: Path | None = None
@@ -517,7 +542,13 @@ def measure_handover(cp: ControlPlane, cfg: Config, audit_log: Path) -> dict[str
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    out: dict[str, Any] = {"lease_s": 15.0, "renew_s": 10.0, "retry_s": 2.0, "first_leader_s": round(lead_s, 2)}
+    out: dict[str, Any] = {
+        "lease_s": 15.0,
+        "renew_s": 10.0,
+        "retry_s": 2.0,
+        "first_leader_s": round(lead_s, 2),
+        "flowschema": cfg.flowschema,
+    }
     try:
         time.sleep(cfg.handover_s / 3)
         for how in ("kill", "sigterm"):
@@ -535,9 +566,12 @@ def measure_handover(cp: ControlPlane, cfg: Config, audit_log: Path) -> dict[str
                 "standby_serves_s": round(t_serve - t_kill, 2),
                 "first_bind_s": round(t_bind - t_kill, 2),
             }
+            t_back = time.monotonic()
             old.start(ready_timeout_s=600)  # back as a standby
             leader = new
-            time.sleep(cfg.handover_s / 3)
+            # A new leader that cannot renew gives the lease up again (it did at 40k pods, 11-32 s after winning).
+            lost = _held_for(proxy, new, max(cfg.handover_s / 3, 30.0) - (time.monotonic() - t_back))
+            out[how]["lost_lease_after_s"] = None if lost is None else round(time.monotonic() - t_serve, 1)
     finally:
         stop.set()
         feeder.join()
@@ -671,7 +705,13 @@ def print_report(r: dict[str, Any]) -> None:
             if how in h:
                 print(
                     f"handover after {how}: standby serves in {h[how]['standby_serves_s']} s, first bind "
-                    f"{h[how]['first_bind_s']} s (lease {h['lease_s']} s, retry {h['retry_s']} s)"
+                    f"{h[how]['first_bind_s']} s (lease {h['lease_s']} s, retry {h['retry_s']} s); new leader "
+                    + (
+                        "kept the lease"
+                        if h[how].get("lost_lease_after_s") is None
+                        else f"lost the lease {h[how]['lost_lease_after_s']} s after serving"
+                    )
+                    + f" (FlowSchema {'on' if h.get('flowschema') else 'off'})"
                 )
         print(
             f"handover run: {h['pods_bound']}/{h['pods_created']} pods bound, p50 {h['p50_s']} s, max {h['max_s']} s; "
@@ -688,11 +728,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handover-seconds", type=float, default=Config.handover_s)
     p.add_argument("--no-relist", action="store_true")
     p.add_argument("--no-handover", action="store_true")
+    p.add_argument("--no-flowschema", action="store_true", help="handover without the shipped FlowSchema")
     p.add_argument("--json", type=Path, help="also write the report here")
     a = p.parse_args(argv)
     try:
         cfg = Config(
-            a.nodes, tuple(a.pods), a.threads, a.handover_rate, a.handover_seconds, not a.no_relist, not a.no_handover
+            a.nodes,
+            tuple(a.pods),
+            a.threads,
+            a.handover_rate,
+            a.handover_seconds,
+            not a.no_relist,
+            not a.no_handover,
+            not a.no_flowschema,
         )
         report = run(cfg)
     except ValueError as exc:
