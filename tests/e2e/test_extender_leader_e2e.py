@@ -6,6 +6,7 @@ are the real objects; each replica is its own process, stopped cleanly (SIGTERM:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -170,3 +171,66 @@ def test_one_replica_serves_and_a_standby_takes_over_on_release_and_on_crash(
         time.sleep(0.1)
     assert third.proc.popen.poll() == 1, third.proc.tail(20)
     assert "lost the lease" in third.proc.tail(20) and _labelled(core, exts) == []  # it removed its own label
+
+
+def _placed(name: str, index: int) -> dict[str, object]:
+    """A pod bound with our assignment on it, as the leader's bind leaves it (its node need not exist: a learning
+    policy learns the pod's shape, not where it runs)."""
+    node = "learn-node"
+    slice_ = ann.DeviceSlice(f"GPU-{node}-{index}", index, 40960, 50)
+    assignment = ann.Assignment(node=node, containers=(ann.ContainerAssignment("c", (slice_,)),))
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "50"}
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {
+                ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
+                ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATED.value,
+            },
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]},
+    }
+
+
+def _learned(ext: Extender) -> float:
+    """vgpu_extender_learning_seeded_pods_total: running pods fed to learning from a list or the watch."""
+    for line in ext.probe("/metrics").decode().splitlines():
+        if line.startswith("vgpu_extender_learning_seeded_pods_total "):
+            return float(line.split()[1])
+    raise AssertionError("no vgpu_extender_learning_seeded_pods_total on /metrics")
+
+
+def _wait_learned(ext: Extender, want: float, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while (got := _learned(ext)) < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
+
+
+def test_a_standby_learns_the_leaders_pods_from_its_watch_and_takes_over_without_learning_them_again(
+    replicas: tuple[ControlPlane, str, list[Extender]], namespace: str
+) -> None:
+    cp, _lease, exts = replicas
+    core = client.CoreV1Api(cp.api_client())
+    for e in exts:
+        e.start()
+    leader, _ = _wait_one_leader(exts, timeout=60)
+    standby = next(e for e in exts if e is not leader)
+    before = _learned(standby)
+    names = [f"placed-{i}" for i in range(4)]
+    try:
+        for i, name in enumerate(names[:3]):
+            core.create_namespaced_pod(namespace, _placed(name, i))
+        assert _wait_learned(standby, before + 3, timeout=60) == before + 3  # from its own pod watch
+
+        leader.kill()  # no release: the standby waits out the lease, then leads with what its watch taught it
+        new, _ = _wait_one_leader(exts, timeout=LEASE_S * 3)
+        assert new is standby
+        core.create_namespaced_pod(namespace, _placed(names[3], 3))  # a pod after the takeover: learned once
+        assert _wait_learned(standby, before + 4, timeout=60) == before + 4
+        time.sleep(RETRY_S * 4)  # nothing else arrives late: none of the four is learned twice
+        assert _learned(standby) == before + 4
+    finally:  # bound to a node no later module has: never left for another module's extender to hold
+        for name in names:
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
