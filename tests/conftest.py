@@ -8,6 +8,7 @@ Also the Hypothesis profile every property test runs under (below).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -24,8 +25,14 @@ from vgpu.state import ClusterState
 # either, and the replay that follows is fast, so the run ends in FlakyFailure for code that is correct.
 # Speed is measured in benchmarks/, not here: no property test is failed by time. A test's own @settings
 # still sets max_examples and the rest, inheriting these.
-settings.register_profile("kube-vgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.load_profile("kube-vgpu")
+# Derandomized: every run (CI, a newcomer's first `make test`) tries the same examples, so a result is reproducible
+# and a merge is never refused by a draw. HYPOTHESIS_PROFILE=kube-vgpu-explore draws new examples each run: use it
+# when changing a property test or the code under one, and to hunt.
+settings.register_profile(
+    "kube-vgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True, derandomize=True
+)
+settings.register_profile("kube-vgpu-explore", settings.get_profile("kube-vgpu"), derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kube-vgpu"))
 
 GPU_MEM = 81920  # an 80 GiB card
 
