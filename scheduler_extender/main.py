@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from scheduler_extender import gcpause
 from scheduler_extender.app import create_app, create_health_app
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ENV_PREFIX, SCHEMA, ExtenderSettings, SettingsError, read_text
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing is not None:
         print(missing, file=sys.stderr)
         return 2
+    gcpause.freeze_after_lists()  # this process's state lives as long as it does (scheduler_extender.gcpause)
     try:
         service, _source, election = build_service(settings)
     except MissingPrerequisite as exc:

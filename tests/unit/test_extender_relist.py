@@ -163,3 +163,28 @@ def test_the_collector_is_paused_while_lists_run_and_resumes_after_the_last() ->
             handle=lambda k, o: None, page_size=3,
         )._list()  # fmt: skip
     assert gc.isenabled()
+
+
+def test_in_the_extenders_process_what_the_lists_built_is_frozen_once_the_last_is_done() -> None:
+    """Later full collections then skip the state (scheduler_extender.gcpause); off by default, as in this test
+    runner's process, where the first test above freezes nothing."""
+    import gc
+
+    from scheduler_extender import gcpause
+    from scheduler_extender.gcpause import paused_gc
+
+    gc.unfreeze()
+    built: list[dict[str, object]] = []
+    try:
+        with paused_gc():
+            built.extend({"n": i} for i in range(1000))
+        assert gc.get_freeze_count() == 0  # off: nothing frozen
+        gcpause.freeze_after_lists()
+        with paused_gc():
+            with paused_gc():  # an overlapping list
+                built.extend({"n": i} for i in range(1000))
+            assert gc.get_freeze_count() == 0  # the outer list still runs
+        assert gc.get_freeze_count() >= len(built) and gc.isenabled()
+    finally:
+        gcpause.freeze_after_lists(False)
+        gc.unfreeze()
