@@ -20,7 +20,8 @@ At the largest count:
 * ``handover``: two replicas with --leader-elect (shipped lease timings), kube-scheduler calling them through a TCP
   proxy that routes to the pod labelled vgpu.io/extender-leader=true (what the Service does), GPU pods created at a
   fixed rate; the leader is killed (-9), later the new leader steps down (SIGTERM). Timed: from kill to the standby
-  serving, and to the first pod it binds;
+  serving, and to the first pod it binds; reported: whether each new leader kept its lease for ~30 s. The shipped
+  FlowSchema (Lease calls at the leader-election priority level) is applied first, unless --no-flowschema;
 * the apiserver requests the extender makes, from the apiserver's audit log: per minute while idle (watches, lease
   renewals) and per bound pod under load.
 
