@@ -216,6 +216,13 @@ def test_a_standby_learns_the_leaders_pods_from_its_watch_and_takes_over_without
         e.start()
     leader, _ = _wait_one_leader(exts, timeout=60)
     standby = next(e for e in exts if e is not leader)
+    # Its first list seeds learning in the background once it is ready (other modules' pods included): count from
+    # after that, so only this test's pods move the count.
+    assert standby.proc is not None
+    deadline = time.monotonic() + 60
+    while "learning seeded from running pods" not in standby.proc.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, standby.proc.tail(20)
+        time.sleep(0.2)
     before = _learned(standby)
     names = [f"placed-{i}" for i in range(4)]
     try:
