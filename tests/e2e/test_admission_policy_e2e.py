@@ -259,6 +259,11 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     try:
         yield c
     finally:
+        # The tenant's pods, pending under vgpu-scheduler's name, would otherwise be placed by a later module's
+        # kube-scheduler on that module's fresh nodes and fill them (test_extender_e2e saw its two new nodes "GPU
+        # memory full" with this module's forged-* pods).
+        admin.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        _wait("this module's pods to go", lambda: not admin.list_namespaced_pod(ns).items, timeout=60.0)
         for d in reversed(policy):
             proc = cp.kubectl("delete", d["kind"], d["metadata"]["name"], "--ignore-not-found", check=False)
             assert proc.returncode == 0, proc.stderr
