@@ -122,7 +122,8 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     _delete_unscheduled_pods(core, name)
 
 
-def _delete_unscheduled_pods(core: Any, namespace: str) -> None:
+def _delete_unscheduled_pods(core: Any, namespace: str | None) -> None:
+    """Those of `namespace` and `<namespace>-*`; with None, those of every namespace but kube-system."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -130,11 +131,26 @@ def _delete_unscheduled_pods(core: Any, namespace: str) -> None:
         pending = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items
         for pod in pending:
             ns = pod.metadata.namespace
-            if ns == namespace or ns.startswith(namespace + "-"):
+            if (ns != "kube-system") if namespace is None else (ns == namespace or ns.startswith(namespace + "-")):
                 with contextlib.suppress(ApiException):  # gone already (404)
                     core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
     except (ApiException, HTTPError, OSError) as exc:  # the control plane is down: the test's own failure says why
-        warnings.warn(f"could not delete the unscheduled pods of {namespace}: {exc}", stacklevel=1)
+        warnings.warn(f"could not delete the unscheduled pods of {namespace or 'the cluster'}: {exc}", stacklevel=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """When a module is done (its module-scoped fixtures torn down), no pod it left unscheduled survives into the
+    next one, whatever namespace it made it in: the `namespace` fixture covers its own, a module with a namespace
+    of its own (the admission-policy e2e's) may not, and the next module's kube-scheduler places such a pod on that
+    module's fresh nodes."""
+    cp = getattr(item, "funcargs", {}).get("control_plane")
+    yield
+    leaving = nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None)
+    if leaving and isinstance(cp, ControlPlane) and cp.started:
+        from kubernetes import client
+
+        _delete_unscheduled_pods(client.CoreV1Api(cp.api_client()), None)
 
 
 @pytest.hookimpl(hookwrapper=True)
