@@ -279,12 +279,6 @@ def list_all(
             return items, str(meta.get("resourceVersion") or "")
 
 
-def list_active_pods(
-    api: client.CoreV1Api, *, page_size: int = 0, slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    return list_all(api.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS, page_size=page_size, slim=slim)[0]
-
-
 def list_pdbs() -> list[dict[str, Any]]:
     """Every PodDisruptionBudget (policy/v1), for the preempt verb; called only when kube-scheduler preempts."""
     api = client.PolicyV1Api()
