@@ -125,20 +125,28 @@ class Learning:
         self._seeded.add(uid)
         fed = False
         for _, info in candidates:
-            try:
-                self.policy.observe(info)
-            except UnknownPolicyError as exc:
-                skipped["unknown-policy"] += 1
-                log.warning("not learning from pod", extra={"pod": info.key, "error": str(exc)})
-                continue
-            fed = True
-            self._learned += 1
+            if self._observe_running(info, skipped):
+                fed = True
+                self._learned += 1
+        self._count_seeded(1 if fed else 0, skipped)
+        return fed
+
+    def _observe_running(self, info: PodInfo, skipped: Counter[str]) -> bool:
+        """Feed one running pod; a pod naming an unknown policy is counted as skipped, not fed."""
+        try:
+            self.policy.observe(info)
+        except UnknownPolicyError as exc:
+            skipped["unknown-policy"] += 1
+            log.warning("not learning from running pod", extra={"pod": info.key, "error": str(exc)})
+            return False
+        return True
+
+    def _count_seeded(self, seeded: int, skipped: Counter[str]) -> None:
         if self.metrics is not None:
-            if fed:
-                self.metrics.learning_seeded.inc()
+            if seeded:
+                self.metrics.learning_seeded.inc(seeded)
             for reason, n in skipped.items():
                 self.metrics.learning_seed_skipped.labels(reason).inc(n)
-        return fed
 
     def arrived(self, info: PodInfo) -> None:
         """Feed an arriving pod; batched so a burst causes at most one relearn per interval."""
@@ -170,21 +178,14 @@ class Learning:
         for uid, info in candidates:
             if uid and (uid in self._seeded or uid in self._recent):
                 continue
-            try:
-                self.policy.observe(info)
-            except UnknownPolicyError as exc:
-                skipped["unknown-policy"] += 1
-                log.warning("not seeding learning from pod", extra={"pod": info.key, "error": str(exc)})
+            if not self._observe_running(info, skipped):
                 continue
             seeded += 1
             if uid:
                 self._seeded.add(uid)
         self._learned += seeded
         self._last_learn = now
-        if self.metrics is not None:
-            self.metrics.learning_seeded.inc(seeded)
-            for reason, n in skipped.items():
-                self.metrics.learning_seed_skipped.labels(reason).inc(n)
+        self._count_seeded(seeded, skipped)
         log.info(
             "learning seeded from running pods",
             extra={"seeded": seeded, "skipped": sum(skipped.values()), "skipped_by_reason": dict(skipped)},
