@@ -25,7 +25,7 @@ from vgpu.errors import VgpuError
 from vgpu.logs import configure
 from vgpu.prerequisites import missing_path, no_kube_api
 from vgpu.state import ClusterState
-from vgpu_http.guard import guarded_protocol
+from vgpu_http.serving import server_options
 
 if TYPE_CHECKING:
     from scheduler_extender.leadership import Election
@@ -54,14 +54,10 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
 
 
 def _connection_limits(s: ExtenderSettings) -> dict[str, object]:
-    """What bounds a connection (vgpu_http.guard): a deadline on reading each request, uvicorn's
-    keep-alive timeout between requests and its connection cap (uvicorn 0.54, uvicorn/config.py `Config`:
-    timeout_keep_alive, limit_concurrency; the h11 protocol caps headers at 16 KiB, h11_max_incomplete_event_size)."""
-    return {
-        "http": guarded_protocol(s.request_read_timeout_seconds),
-        "timeout_keep_alive": 5,
-        "limit_concurrency": s.max_connections,
-    }
+    """What bounds a connection and what serves it (vgpu_http.serving): a deadline on reading each request and a 16 KiB
+    head cap (the guarded httptools protocol, h11 where httptools is missing), uvicorn's keep-alive timeout between
+    requests and its connection cap, on uvloop where installed."""
+    return server_options(read_timeout_s=s.request_read_timeout_seconds, max_connections=s.max_connections)
 
 
 def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvicorn.Server | None:

@@ -6,7 +6,6 @@ take effect without a restart. We bind the socket ourselves so port 0 works and 
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -14,7 +13,8 @@ import time
 import uvicorn
 from starlette.applications import Starlette
 
-from vgpu_http.guard import MAX_CONNECTIONS, READ_TIMEOUT_S, guarded_protocol
+from vgpu_http.guard import MAX_CONNECTIONS, READ_TIMEOUT_S
+from vgpu_http.serving import server_options
 from webhook.tls import ReloadingTls
 
 
@@ -49,11 +49,9 @@ class TlsServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
-            # Connection bounds (vgpu_http.guard; uvicorn 0.54 uvicorn/config.py `Config`): a deadline on reading
-            # each request, the keep-alive timeout between requests, a cap on open connections (503 beyond it).
-            http=guarded_protocol(read_timeout_s),
-            timeout_keep_alive=5,
-            limit_concurrency=max_connections,
+            # Connection bounds and the parser and loop (vgpu_http.serving): a deadline on reading each request, a
+            # 16 KiB head cap, the keep-alive timeout between requests, a cap on open connections (503 beyond it).
+            **server_options(read_timeout_s=read_timeout_s, max_connections=max_connections),
         )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -63,7 +61,9 @@ class TlsServer:
         self.server.run(sockets=[self.sock])
 
     def start(self, timeout: float = 10.0) -> TlsServer:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)
+        # Server.run: a fresh loop of the configured kind (uvloop where installed) in this thread; off the main
+        # thread uvicorn installs no signal handlers (uvicorn 0.54, uvicorn/server.py `run`, `capture_signals`).
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
