@@ -4,6 +4,7 @@ resources and what it cannot, and the webhook's quota counting the same namespac
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,21 @@ class _Inventory:
         return True
 
 
+def _quota_refuses(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], timeout: float = 30) -> None:
+    """Wait until a dry-run create of `pod` is refused by the quota (the admission plugin's informer has caught up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.create_namespaced_pod(namespace, pod, dry_run="All")
+        except client.ApiException as exc:
+            if exc.status == 403 and "exceeded quota" in exc.body:
+                return
+            if exc.status not in (403, 409):  # 409: the plugin's status write met a newer version; ask again
+                raise
+        assert time.monotonic() < deadline, f"the quota never refused {pod['metadata']['name']} within {timeout} s"
+        time.sleep(0.2)
+
+
 def test_resource_quota_counts_absolute_mib_and_misses_percentages_which_the_webhook_counts(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
@@ -55,7 +71,13 @@ def test_resource_quota_counts_absolute_mib_and_misses_percentages_which_the_web
     # refuses pods while a quota has no status, and keeps `used` current itself afterwards).
     used0 = dict.fromkeys(hard, "0")
     core.patch_namespaced_resource_quota_status("vgpu", namespace, {"status": {"hard": hard, "used": used0}})
+    # The admission plugin reads quotas from the apiserver's own informer, which sees a write a moment later: a quota
+    # without status.hard there limits nothing (k8s.io/apiserver v0.34 pkg/admission/plugin/resourcequota/
+    # controller.go), and one with a stale status.used counts from it. Dry runs are checked against the same quotas,
+    # so each create below follows a dry run that is refused (or admitted) the same way.
+    _quota_refuses(core, namespace, _pod("probe", gpu="1", gpumem="60000"))
     core.create_namespaced_pod(namespace, _pod("a", gpu="1", gpumem="30000"))
+    _quota_refuses(core, namespace, _pod("b", gpu="1", gpumem="30000"))
     with pytest.raises(client.ApiException) as denied:
         core.create_namespaced_pod(namespace, _pod("b", gpu="1", gpumem="30000"))
     assert denied.value.status == 403
