@@ -11,6 +11,10 @@ other nodes) the admission policy does; tests/e2e/test_admission_policy_e2e.py s
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -149,11 +153,64 @@ NOT_ALLOWED: dict[str, list[Right]] = {
 
 
 @pytest.fixture(scope="module")
-def authz(control_plane: ControlPlane) -> client.AuthorizationV1Api:
+def authz(control_plane: ControlPlane) -> Iterator[client.AuthorizationV1Api]:
     docs = [d for f in FILES for d in yaml.safe_load_all((ROOT / f).read_text()) if d and d["kind"] in RBAC_KINDS]
     proc = control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert proc.returncode == 0, proc.stderr
-    return client.AuthorizationV1Api(control_plane.api_client())
+    api = control_plane.api_client()
+    authz = client.AuthorizationV1Api(api)
+    with _rbac_synced(client.RbacAuthorizationV1Api(api), authz):
+        yield authz
+
+
+@contextlib.contextmanager
+def _rbac_synced(rbac: client.RbacAuthorizationV1Api, authz: client.AuthorizationV1Api) -> Iterator[None]:
+    """Wait until the authorizer has what was just applied, then remove the markers on exit.
+
+    The RBAC authorizer reads Roles, ClusterRoles, RoleBindings and ClusterRoleBindings from four watches of its
+    own (k8s.io/kubernetes v1.34.4 plugin/pkg/auth/authorizer/rbac), each in creation order. A marker of each kind,
+    created after the shipped objects, for a user of its own: once a SubjectAccessReview for that user passes through
+    the marker ClusterRoleBinding and the marker RoleBinding, each of the four watches has delivered every object
+    created before its marker. Without this a review right after the apply could be answered from a cache that
+    lacks a binding the shipped files just created (and a right the code needs would read as denied)."""
+    tag = uuid.uuid4().hex[:8]
+    user, name = f"kube-vgpu-e2e-rbac-synced-{tag}", f"kube-vgpu-e2e-rbac-synced-{tag}"
+    subjects = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+    rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": [{**rule, "resourceNames": [f"{tag}-cluster"]}]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": subjects,
+        }
+    )
+    rbac.create_namespaced_role(NS, {"metadata": {"name": name}, "rules": [{**rule, "resourceNames": [f"{tag}-ns"]}]})
+    rbac.create_namespaced_role_binding(
+        NS,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": subjects,
+        },
+    )
+
+    def marker_allowed(resource_name: str) -> bool:
+        attrs = {"verb": "get", "resource": "configmaps", "namespace": NS, "name": resource_name}
+        body = {"spec": {"user": user, "groups": ["system:authenticated"], "resourceAttributes": attrs}}
+        return bool(authz.create_subject_access_review(body).status.allowed)
+
+    try:
+        deadline = time.monotonic() + 60  # a loaded 2-core machine
+        while not (marker_allowed(f"{tag}-cluster") and marker_allowed(f"{tag}-ns")):
+            assert time.monotonic() < deadline, "the RBAC authorizer never saw the marker roles and bindings"
+            time.sleep(0.2)
+        yield
+    finally:
+        rbac.delete_namespaced_role_binding(name, NS)
+        rbac.delete_namespaced_role(name, NS)
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
 
 
 def allowed(authz: client.AuthorizationV1Api, sa: str, right: Right) -> bool:
