@@ -301,8 +301,8 @@ class ExtenderService:
 
         prios, best = steer(prios, blocked)
         if best is not None:
-            if best not in placed:
-                result = self.planner.evaluate_node(best, info)
+            if best not in placed:  # unchanged since this call evaluated it: the shape's cached answer
+                result = self.planner.cached_result(best, info)
                 if result.placement is not None:
                     placed[best] = result.placement.assignment(info)
             if best in placed:

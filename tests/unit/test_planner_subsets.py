@@ -1,0 +1,168 @@
+"""The memoised evaluation asked about rotating subsets of the nodes decides what the uncached full path decides.
+
+kube-scheduler asks /filter about ~10 % of the nodes a pod (percentageOfNodesToScore), a different tenth each time,
+and /prioritize about those that passed. The planner keeps one evaluation per shape over every node, leaves the nodes
+that changed since out of it until a call asks about them (`_Memo.stale`), narrows it to the names asked (`_subset`)
+and ranks the best ten of them without a subset evaluation (`_rank_of`). Each is checked here, through binds, releases,
+node changes (a cordon, a node leaving and coming back), learning relearns and every policy family, against
+`Planner.evaluate_node` on each asked node (no memo, no class, no cache) and the rank mapping over its scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from tests.conftest import make_assignment, make_info, make_node
+from tests.unit.test_fit_fast import SHAPES, _cluster
+from vgpu.devices import Cordon
+from vgpu.planner import Evaluation, Planner, to_priorities
+from vgpu.pod import PodInfo
+from vgpu.roles import Role
+from vgpu.state import ClusterState
+
+
+def _oracle(p: Planner, pod: PodInfo, names: list[str]) -> Evaluation:
+    """The full path on every asked node, in the order asked (a name asked twice is where it came first)."""
+    out = Evaluation()
+    for name in dict.fromkeys(names):
+        r = p.evaluate_node(name, pod)
+        if r.failure is None:
+            out.feasible[name] = r
+            out.scores[name] = r.score
+        elif r.failure.unresolvable:
+            out.unresolvable[name] = r.failure.reason
+        else:
+            out.failed[name] = r.failure.reason
+    return out
+
+
+def _same(ev: Evaluation, want: Evaluation) -> None:
+    """The same decisions (dict order aside: a call over every name returns the memoised evaluation itself, its
+    changed nodes last, as before)."""
+    assert {n: (r.placement, r.score) for n, r in ev.feasible.items()} == {
+        n: (r.placement, r.score) for n, r in want.feasible.items()
+    }
+    assert ev.scores == want.scores
+    assert ev.failed == want.failed
+    assert ev.unresolvable == want.unresolvable
+
+
+def _change(
+    state: ClusterState, p: Planner, rng: random.Random, step: int, asked: list[str], *, new_nodes: bool = False
+) -> None:
+    """One cluster event: a bind (often on a node just asked about), a release, a cordon, a node leaving and back."""
+    roll = rng.random()
+    names = sorted(state.nodes)
+    if roll < 0.55:
+        pod = make_info(f"b{step}-{len(state.assignments)}-{rng.random()}", **rng.choice(SHAPES))  # type: ignore[arg-type]
+        node = rng.choice(asked if asked and rng.random() < 0.7 else names)
+        r = p.evaluate_node(node, pod)
+        if r.placement is not None:
+            state.apply(pod.key, r.placement.assignment(pod))
+    elif roll < 0.75 and state.assignments:
+        state.release(rng.choice(sorted(state.assignments)))
+    elif roll < 0.85:
+        node = state.nodes[rng.choice(names)]
+        inv = node.inventory
+        cordon = Cordon() if inv.cordon.uuids else Cordon(frozenset({inv.gpus[rng.randrange(len(inv.gpus))].uuid}))
+        state.upsert_node(dataclasses.replace(inv, cordon=cordon))
+    elif roll < 0.92 or not new_nodes:
+        gone = rng.choice(names)
+        inv = state.nodes[gone].inventory
+        state.remove_node(gone)
+        if rng.random() < 0.5:
+            state.upsert_node(inv)
+    else:  # a node the memoised evaluations never saw: the next call asking about it evaluates afresh
+        name = f"new{step}-{rng.randrange(10**6)}"
+        state.upsert_node(make_node(name, 8, split=4))
+        a = make_assignment(name, [(rng.randrange(8), 20480, 25)], role=Role.DECODE, model="m")
+        state.apply(f"bg/{name}", a)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(
+    "policy", ["default", "fgd", "fragaware-gpusteps", "fragaware-wg100", "random", "binpack", "bestfit"]
+)
+def test_rotating_subsets_decide_as_the_full_path(seed: int, policy: str) -> None:
+    state = _cluster(seed, policy, nodes=40)
+    p = Planner(state)
+    rng = random.Random(seed)
+    pods = [make_info(f"s{i}", **kw) for i, kw in enumerate(SHAPES)]  # type: ignore[arg-type]
+    for pod in pods:
+        p.evaluate(pod)  # every shape's memo covers every node, as after the learning phase
+    start = 0
+    for step in range(60):
+        pod = rng.choice(pods)
+        if step % 9 == 4:
+            p.observe(pod)  # a learning policy relearns: a new epoch, evaluated again
+        names = sorted(state.nodes)
+        size = rng.choice([4, 7, 12, len(names)])
+        asked = [names[(start + k) % len(names)] for k in range(size)]
+        start = (start + size) % len(names)
+        if step % 7 == 3:
+            asked += asked[:2]  # a name asked twice
+        ev = p.evaluate(pod, asked)
+        want = _oracle(p, pod, asked)
+        _same(ev, want)
+        feasible = [n for n in asked if n in ev.feasible]
+        assert p.priorities_for(pod, feasible) == to_priorities(want.scores, state.config.priority_mapping)
+        mixed = asked[::2]  # a set that is not what /filter passed: scaled over its feasible nodes alone
+        assert p.priorities_for(pod, mixed) == to_priorities(
+            _oracle(p, pod, mixed).scores, state.config.priority_mapping
+        )
+        for name in feasible[:3]:
+            got, full = p.cached_result(name, pod), p.evaluate_node(name, pod)
+            assert (got.placement, got.score) == (full.placement, full.score)
+        for _ in range(rng.choice([0, 1, 1, 2, 3])):
+            _change(state, p, rng, step, asked, new_nodes=step > 50)  # late: a new name makes the memo start over
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_call_over_every_node_after_subsets_is_the_evaluation_of_every_node(seed: int) -> None:
+    """Nodes left stale by calls over subsets are all evaluated again when a call asks about every node: the whole
+    evaluation, in the order refreshing each bind in turn gives (changed nodes last, in name order)."""
+    state = _cluster(seed, "default", nodes=40)
+    p = Planner(state)
+    rng = random.Random(seed)
+    pod = make_info("s", **SHAPES[2])  # type: ignore[arg-type]
+    p.evaluate(pod)
+    for step in range(12):
+        _change(state, p, rng, step, [])
+        p.evaluate(pod, sorted(state.nodes)[:5])
+    names = list(state.nodes)
+    ev = p.evaluate(pod, names)
+    want = _oracle(p, pod, names)
+    assert {n: (r.placement, r.score) for n, r in ev.feasible.items()} == {
+        n: (r.placement, r.score) for n, r in want.feasible.items()
+    }
+    assert (ev.failed, ev.unresolvable) == (want.failed, want.unresolvable)
+    assert p.priorities(ev) == to_priorities(want.scores)
+
+
+def test_a_changed_node_not_asked_about_is_not_evaluated() -> None:
+    """The point of leaving changed nodes stale: a bind on a node outside the names asked costs those calls nothing."""
+    state = _cluster(0, "default", nodes=40)
+    p = Planner(state)
+    pod = make_info("s", **SHAPES[3])  # type: ignore[arg-type]
+    p.evaluate(pod)
+    names = sorted(state.nodes)
+    evaluated: list[str] = []
+    inner = p._evaluate
+
+    def counting(name: str, *args: object, **kw: object) -> object:
+        evaluated.append(name)
+        return inner(name, *args, **kw)  # type: ignore[arg-type]
+
+    p._evaluate = counting  # type: ignore[assignment,method-assign]
+    other = make_info("o", **SHAPES[0])  # type: ignore[arg-type]
+    r = p.evaluate_node(names[-1], other)
+    assert r.placement is not None
+    state.apply(other.key, r.placement.assignment(other))
+    evaluated.clear()
+    p.evaluate(pod, names[:10])
+    assert evaluated == []
+    p.evaluate(pod, names[-10:])
+    assert evaluated == [names[-1]]
