@@ -150,13 +150,24 @@ class ServerCpu:
         return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime (proc(5): fields 14 and 15)
 
 
-def cycle(client: Client, pod: dict[str, Any], names: list[str], *, bind: bool) -> tuple[float, float, float]:
+def cycle(
+    client: Client,
+    pod: dict[str, Any],
+    names: list[str],
+    *,
+    bind: bool,
+    cpu: tuple[ServerCpu, list[float]] | None = None,
+) -> tuple[float, float, float]:
+    """One scheduling cycle; with `cpu`, the server's CPU time over /filter + /prioritize is appended to its list."""
+    c0 = cpu[0].seconds() if cpu else 0.0
     t0 = time.perf_counter()
     f = client.post("/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
     t1 = time.perf_counter()
     feasible = f["NodeNames"]
     prios = client.post("/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": feasible})
     t2 = time.perf_counter()
+    if cpu:
+        cpu[1].append(cpu[0].seconds() - c0)
     if bind and prios:
         best = max(prios, key=lambda h: h["Score"])["Host"]
         m = pod["metadata"]
@@ -219,11 +230,14 @@ def main() -> int:
                 f, p, _ = cycle(client, make_pod(10**6 + i, rng, gpu=False), names, bind=False)
                 noop.append(f + p)
             noop_cpu = (server.seconds() - noop_cpu) / len(noop)
-            noop_sample = []  # the same at the measured run's --sample names, rotating
+            noop_sample: list[float] = []  # the same at the measured run's --sample names, rotating
+            noop_sample_cpu: list[float] = []
             for i in range(200 if args.sample else 0):
                 at = i * args.sample % len(names)
                 asked = (names[at:] + names[:at])[: args.sample]
-                f, p, _ = cycle(client, make_pod(2 * 10**6 + i, rng, gpu=False), asked, bind=False)
+                f, p, _ = cycle(
+                    client, make_pod(2 * 10**6 + i, rng, gpu=False), asked, bind=False, cpu=(server, noop_sample_cpu)
+                )
                 noop_sample.append(f + p)
             cold, cold_cpu = [], []
             for t in range(len(TEMPLATES)):
@@ -240,7 +254,7 @@ def main() -> int:
                 f, p, _ = cycle(client, make_pod(10**8 + i, rng), names, bind=False)
                 learning_cpu.append(server.seconds() - c0)
                 learning.append(f + p)
-            fp, filt, prio, binds = [], [], [], []
+            fp, filt, prio, binds, fp_cpu = [], [], [], [], []
             t_run = time.perf_counter()
             start = 0
             for i in range(args.pods):
@@ -248,7 +262,7 @@ def main() -> int:
                 if args.sample:
                     asked = (names[start:] + names[:start])[: args.sample]
                     start = (start + args.sample) % len(names)
-                f, p, b = cycle(client, make_pod(i, rng), asked, bind=True)
+                f, p, b = cycle(client, make_pod(i, rng), asked, bind=True, cpu=(server, fp_cpu))
                 fp.append(f + p)
                 filt.append(f)
                 prio.append(p)
@@ -283,6 +297,10 @@ def main() -> int:
         # The server's own CPU time (all its threads, /proc, 10 ms ticks: means are exact over many cycles, single
         # cycles +-10 ms): on a loaded machine wall-clock figures measure the load as much as the extender.
         "noop_cpu_mean_ms": noop_cpu * ms,
+        # The same for the measured run's /filter + /prioritize and for the no-GPU floor at its names: the CPU ratio
+        # is what a loaded machine moves least (its wall-clock one moves with every other process).
+        "filter_prioritize_cpu_mean_ms": statistics.fmean(fp_cpu) * ms,
+        "noop_sample_cpu_mean_ms": statistics.fmean(noop_sample_cpu) * ms if noop_sample_cpu else None,
         "cold_shape_cpu_p50_ms": statistics.median(cold_cpu) * ms,
         "cold_shape_cpu_mean_ms": statistics.fmean(cold_cpu) * ms,
         "rescoring_cpu_p50_ms": statistics.median(rescoring_cpu) * ms if rescoring_cpu else None,
@@ -298,6 +316,8 @@ def main() -> int:
     res["ratio_p50_vs_noop"] = res["filter_prioritize_p50_ms"] / res["noop_filter_prioritize_p50_ms"]
     if noop_sample:
         res["ratio_p50_vs_noop_sample"] = res["filter_prioritize_p50_ms"] / res["noop_sample_filter_prioritize_p50_ms"]
+    floor_cpu = res["noop_sample_cpu_mean_ms"] if noop_sample_cpu else res["noop_cpu_mean_ms"]
+    res["ratio_cpu_vs_noop"] = res["filter_prioritize_cpu_mean_ms"] / floor_cpu if floor_cpu else None
     res["ratio_p50_vs_healthz"] = res["filter_prioritize_p50_ms"] / res["healthz_p50_ms"]
     res["cold_shape_max_ms"] = max(cold) * ms
     floor = res["ratio_p50_vs_noop_sample"] if noop_sample else res["ratio_p50_vs_noop"]
@@ -345,6 +365,11 @@ def main() -> int:
             else ""
         )
     )
+    if res["ratio_cpu_vs_noop"] is not None:
+        print(
+            f"  server CPU: filter+prioritize mean {res['filter_prioritize_cpu_mean_ms']:6.2f} ms against the no-GPU "
+            f"floor's {floor_cpu:6.2f} ms at the same names: {res['ratio_cpu_vs_noop']:.2f}x"
+        )
     print(f"  filter                            p50 {res['filter_p50_ms']:8.3f} ms")
     print(f"  prioritize                        p50 {res['prioritize_p50_ms']:8.3f} ms")
     print(
