@@ -124,8 +124,16 @@ def _fill(core: client.CoreV1Api, cp: ControlPlane, ns: str, sel: dict[str, str]
         time.sleep(1.1)  # creationTimestamp has 1 s resolution: "youngest" must be well defined
 
 
-def _preempted_events(core: client.CoreV1Api, ns: str) -> set[str]:
-    return {e.involved_object.name for e in core.list_namespaced_event(ns).items if e.reason == "Preempted"}
+def _preempted_events(core: client.CoreV1Api, ns: str, want: set[str], timeout: float = 30) -> set[str]:
+    """The pods with a Preempted event, once `want` are among them (or as they are after `timeout`): kube-scheduler
+    sends its events from a goroutine of their own, so a victim's event may reach the apiserver after the preemptor
+    was bound."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = {e.involved_object.name for e in core.list_namespaced_event(ns).items if e.reason == "Preempted"}
+        if want <= got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
 
 
 def _online_and_late(
@@ -164,7 +172,7 @@ def test_online_pod_evicts_exactly_the_extenders_victims(stack: tuple[ControlPla
     # Our choice: the two cheapest pods that free 35000 MiB on one GPU are x2 and a 10000 pod (x3 + x4 free too
     # little; y pods are batch-mid); of x3/x4 the younger, x4. kube-scheduler's replica count alone evicts one.
     assert sorted(watcher.gone) == ["x2", "x4"]
-    assert _preempted_events(core, namespace) >= {"x2", "x4"}
+    assert _preempted_events(core, namespace, {"x2", "x4"}) >= {"x2", "x4"}
     left = {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
     assert left == {"x1", "x3", "y1", "y2", "y3", "y4", "online", "late"}
     assert 'vgpu_extender_preempt_calls_total{outcome="answered"}' in ext.probe("/metrics").decode()
