@@ -12,8 +12,6 @@ import bisect
 import dataclasses
 import functools
 import heapq
-import itertools
-import operator
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -164,15 +162,40 @@ def _pick(mapping: dict[str, _V], names: list[str]) -> dict[str, _V]:
 
 def _rank_of(scores: dict[str, float], names: list[str]) -> dict[str, int]:
     """The rank mapping of the feasible `names` (`scores` holds every feasible node and more): what
-    `Ranked.of(subset's scores).priorities()` gives (the subset in `names`' order), without building the subset."""
-    asked = list(dict.fromkeys(filter(scores.__contains__, names)))  # a name asked twice is where it came first
-    if len(asked) > MAX_PRIORITY:  # those at or above the tenth best score, in order, by C-level iteration
-        tenth = heapq.nlargest(MAX_PRIORITY, map(scores.__getitem__, asked))[-1]
-        at_least = functools.partial(operator.le, tenth)  # tenth <= score, whatever the numbers' types
-        asked = list(itertools.compress(asked, map(at_least, map(scores.__getitem__, asked))))
-    asked.sort(key=_tiebreak, reverse=True)
-    asked.sort(key=scores.__getitem__, reverse=True)
-    return {n: MAX_PRIORITY - i for i, n in enumerate(asked[:MAX_PRIORITY])}
+    `Ranked.of(subset's scores).priorities()` gives (the subset in `names`' order), without building the subset.
+
+    Hundreds of nodes often tie at the best score (every empty node, every node of a class), so only the nodes at or
+    above the tenth best score are ordered by the tie-break, and by C-level sorts: a sort by score alone (stable, so
+    ties keep `names`' order), a binary search for the cut, then the two sorts `Ranked.of` does on what is left."""
+    by_score = sorted(filter(scores.__contains__, names), key=scores.__getitem__, reverse=True)
+    if len(by_score) > MAX_PRIORITY:
+        tenth = scores[by_score[MAX_PRIORITY - 1]]
+        cut = bisect.bisect_right(by_score, -tenth, lo=MAX_PRIORITY, key=lambda n: -scores[n])
+        picked = by_score[:cut]
+    else:
+        picked = by_score
+    unique = picked
+    if len(set(picked)) < len(picked):  # a name asked twice is where it came first
+        if len(by_score) > MAX_PRIORITY:  # it counted twice towards the tenth best score: once each, the slow way
+            return _rank_of(scores, list(dict.fromkeys(names)))
+        unique = list(dict.fromkeys(picked))
+    unique.sort(key=_crc_of(unique).__getitem__, reverse=True)
+    unique.sort(key=scores.__getitem__, reverse=True)
+    return {n: MAX_PRIORITY - i for i, n in enumerate(unique[:MAX_PRIORITY])}
+
+
+_CRCS: dict[str, int] = {}
+
+
+def _crc_of(names: list[str]) -> dict[str, int]:
+    """`_tiebreak` of every name, as a dict whose `__getitem__` a sort calls in C (the cached function's call costs
+    three times as much per name)."""
+    crcs = _CRCS
+    if not crcs.keys() >= set(names):  # the first call for a name only
+        if len(crcs) > 65536:  # names come from requests: bounded like `_tiebreak`'s cache
+            crcs.clear()
+        crcs.update(zip(names, map(_tiebreak, names), strict=True))
+    return crcs
 
 
 def _idle(node: NodeState) -> set[str]:

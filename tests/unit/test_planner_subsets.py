@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import make_assignment, make_info, make_node
 from tests.unit.test_fit_fast import SHAPES, _cluster
 from vgpu.devices import Cordon
-from vgpu.planner import Evaluation, Planner, to_priorities
+from vgpu.planner import Evaluation, Planner, Ranked, _rank_of, to_priorities
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import ClusterState
@@ -166,3 +166,16 @@ def test_a_changed_node_not_asked_about_is_not_evaluated() -> None:
     assert evaluated == []
     p.evaluate(pod, names[-10:])
     assert evaluated == [names[-1]]
+
+
+def test_the_best_ten_of_a_subset_are_those_of_its_own_evaluation() -> None:
+    """`_rank_of` against `Ranked.of` over the subset's own scores: many ties at the tenth score, names asked twice
+    (among the best too), names with no score, fewer than ten."""
+    rng = random.Random(5)
+    for _ in range(3000):
+        pool = [f"n{i}" for i in range(rng.randrange(0, 40))]
+        scores = {x: rng.choice([0.1, 0.2, 0.3, 0.3, 1, 2, 3]) for x in pool if rng.random() < 0.8}
+        names = [rng.choice(pool) for _ in range(rng.randrange(0, 50))] if pool else []
+        sub = {x: scores[x] for x in names if x in scores}
+        want = Ranked.of(sub, 64).priorities() if sub else {}
+        assert _rank_of(scores, names) == want, (scores, names)
