@@ -52,6 +52,22 @@ def serve(replay: Replay, clock: dict[str, float]) -> ThreadingHTTPServer:
     return srv
 
 
+def _scraped_since(url: str, job: str, when: float, timeout: float = 60.0) -> None:
+    """Wait until Prometheus holds a scrape of `job` taken at or after `when` (unix time). A target's scrapes are
+    stored in order, so every scrape of the window before it is in too; a fixed wait after the window (3 s, once)
+    misses the last one when a loaded machine answers or stores a scrape late."""
+    deadline = time.monotonic() + timeout
+    latest = None
+    while True:
+        r = httpx.get(f"{url}/api/v1/query", params={"query": f'timestamp(up{{job="{job}"}})'}, timeout=5).json()
+        stamps = [float(s["value"][1]) for s in r["data"]["result"]] if r.get("status") == "success" else []
+        latest = max(stamps, default=None)
+        if latest is not None and latest >= when:
+            return
+        assert time.monotonic() < deadline, f"no scrape of {job} at or after {when:.1f} within {timeout} s: {latest}"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def replayed(tmp_path: Path, prometheus_bin: str) -> Iterator[tuple[str, float, dict[str, tuple[str, Path]]]]:
     """(Prometheus URL, replay start, scenario -> (offline layer, trace file))."""
@@ -114,7 +130,8 @@ def test_live_verdict_through_prometheus_names_the_offline_layer(
     results: dict[str, dict[str, object]] = {}
     for name in sorted(REPLAYED, key=REPLAYED.__getitem__):
         end = start + REPLAYED[name] + 2
-        time.sleep(max(0.0, end + 3 - time.time()))  # the last scrape of the window is in
+        time.sleep(max(0.0, end - time.time()))
+        _scraped_since(url, name, end)  # the last scrape of the window is in
         s = SCENARIOS[name]
         layer, trace = offline[name]
         argv = ["validate", "--prometheus", url, "--window", f"{round(end - start)}s", "--namespace", name,
