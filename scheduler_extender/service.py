@@ -183,6 +183,11 @@ class ExtenderService:
                     evaluation = self.planner.narrow(evaluation)
                 # Recorded under the same lock as the evaluation: a release right after it nudges this pod.
                 self.pending.filtered(info.key, uid, fits=bool(evaluation.feasible))
+                # Unknown names are never feasible, so the answer in `known`'s order is the answer in `names`' order.
+                # /prioritize gets this list back: it is the planner's to recognise, and ours (`_known_names`).
+                passed = None if items is not None else self.planner.passing(info, known, evaluation)
+                if passed is not None:
+                    self._known_memo["prioritize"] = (passed, self.state.names_version, passed)
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
             return schema.filter_result(
@@ -193,13 +198,11 @@ class ExtenderService:
             )
         if not evaluation.feasible:
             self.metrics.filter_failure("no-fit")
-        if items is not None:
+        if passed is None:
             return _filter_result(names, items, evaluation)
-        # Unknown names are never feasible, so the answer in `known`'s order is the answer in `names`' order.
-        result = _filter_result(known, None, evaluation)
-        with self.lock:
-            self._known_memo["prioritize"] = (result["NodeNames"], self.state.names_version, result["NodeNames"])
-        return result
+        return schema.filter_result(
+            node_names=passed, nodes=None, failed=evaluation.failed, unresolvable=evaluation.unresolvable
+        )
 
     def _known_names(self, verb: str, names: list[str]) -> list[str]:
         """`names` that have an inventory, in order; the list kept from the verb's last call when nothing changed."""
@@ -451,15 +454,9 @@ def _known(names: list[str], nodes: Mapping[str, object]) -> list[str]:
 
 
 def _filter_result(names: list[str], items: list[dict[str, Any]] | None, evaluation: Evaluation) -> dict[str, Any]:
-    """ExtenderFilterResult in the request's mode: node names, or the node objects kept in the full-NodeList mode."""
+    """ExtenderFilterResult in the full-NodeList mode: the node objects kept (node names: `Planner.passing`)."""
+    assert items is not None
     feasible = evaluation.feasible
-    if items is None:
-        return schema.filter_result(
-            node_names=list(filter(feasible.__contains__, names)),  # in C, as in _known
-            nodes=None,
-            failed=evaluation.failed,
-            unresolvable=evaluation.unresolvable,
-        )
     kept = [n for n, name in zip(items, names, strict=True) if name in feasible]
     return schema.filter_result(
         node_names=None, nodes=kept, failed=evaluation.failed, unresolvable=evaluation.unresolvable

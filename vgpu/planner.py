@@ -51,6 +51,10 @@ class _Memo:
     # call asks about them (kube-scheduler asks ~10 % of the nodes a call, so most changed nodes wait, and a node that
     # changes again meanwhile is evaluated once).
     stale: set[str] = field(default_factory=set)
+    # What `passing` last handed out: /filter's NodeNames, the version then, and whether it was every feasible node of
+    # `evaluation` (asked over `names`). /prioritize gets that very list back: while the version holds, it needs no
+    # check that its names are known, fresh or exactly the feasible ones.
+    passed: tuple[list[str], int, bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +497,7 @@ class Planner:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
         policy, rank = self._resolve(pod)
         key: tuple[object, ...] = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
+        memo_key = self._memo_key(key, pod, policy)
         cache = self._cache.get(key)
         if cache is None:
             cache = self._cache[key] = {}
@@ -502,16 +507,18 @@ class Planner:
             self._cache.move_to_end(key)
         fits = self._shape_memo(pod)
         classes = self._classes_for(key, pod, policy, rank)
-        if hasattr(policy, "pod_score"):  # scores differ per pod: memoise per pod, fits stay cached per shape
-            key = (*key, pod.key, pod.uid)
+        key = memo_key
         memo = self._memo.get(key)
         if memo is not None:
             self._memo.move_to_end(key)
             if memo.version != self.state.version and not self._refresh(memo):
                 memo = None
-        if memo is not None and memo.names != names and not memo.name_set.issuperset(names):  # no set built
+        known = (
+            memo is not None and memo.passed is not None and memo.passed[0] is names and memo.passed[1] == memo.version
+        )
+        if memo is not None and not known and memo.names != names and not memo.name_set.issuperset(names):
             memo = None
-        if memo is not None and memo.stale:
+        if memo is not None and memo.stale and not known:
             self._freshen(memo, names, cache, pod, policy, rank, fits, classes)
         if memo is None:
             out = Evaluation()
@@ -524,6 +531,29 @@ class Planner:
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
         return memo, cache, policy, rank
+
+    @staticmethod
+    def _memo_key(key: tuple[object, ...], pod: PodInfo, policy: NodePolicy) -> tuple[object, ...]:
+        """The memoised evaluation's key: per shape, or per pod where scores differ per pod (fits stay per shape)."""
+        return (*key, pod.key, pod.uid) if hasattr(policy, "pod_score") else key
+
+    def passing(self, pod: PodInfo, names: list[str], evaluation: Evaluation) -> list[str]:
+        """The names of `names` that `evaluation` found feasible, in order (/filter's NodeNames). When `evaluation` is
+        this planner's own answer for the pod over `names`, the list is remembered: `priorities_for` given it back
+        while nothing changed takes it as exactly those nodes, with no set built and no name looked up again."""
+        out = list(filter(evaluation.feasible.__contains__, names))  # in C
+        policy, _ = self._resolve(pod)
+        memo = self._memo.get(
+            self._memo_key((pod.shape_key(), policy.name, policy.epoch, self.state.config), pod, policy)
+        )
+        if memo is None or memo.version != self.state.version:
+            return out
+        if evaluation is memo.evaluation and not memo.stale and (names is memo.names or names == memo.names):
+            # Every feasible node, each once (a name asked twice: the old path's dict order, so not remembered as all)
+            memo.passed = (out, memo.version, len(out) == len(evaluation.feasible))
+        elif memo.subset is not None and evaluation is memo.subset[1] and memo.subset[0] == names:
+            memo.passed = (out, memo.version, False)
+        return out
 
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
         """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
@@ -546,6 +576,12 @@ class Planner:
         /filter, whose scaling is then the memoised one; any other set is scaled over itself). Every key
         is one of `node_names`; nodes left out score 0."""
         memo = self._memo_for(pod, node_names)[0]
+        passed = memo.passed
+        if passed is not None and passed[0] is node_names and passed[1] == memo.version:  # /filter's own answer
+            if passed[2]:
+                return self.priorities(memo.evaluation)
+            if self.config.priority_mapping == "rank":
+                return _rank_of(memo.evaluation.scores, node_names)
         feasible = memo.evaluation.feasible
         if len(node_names) == len(feasible) and feasible.keys() == set(node_names):  # exactly the feasible nodes
             return self.priorities(memo.evaluation)

@@ -108,7 +108,14 @@ def test_rotating_subsets_decide_as_the_full_path(seed: int, policy: str) -> Non
         want = _oracle(p, pod, asked)
         _same(ev, want)
         feasible = [n for n in asked if n in ev.feasible]
-        assert p.priorities_for(pod, feasible) == to_priorities(want.scores, state.config.priority_mapping)
+        passed = p.passing(pod, asked, ev)  # /filter's NodeNames, which /prioritize gets back as they are
+        assert passed == feasible
+        prios = to_priorities(want.scores, state.config.priority_mapping)
+        if step % 3 == 1 and feasible:  # a bind between /filter and /prioritize: the list is not taken on trust
+            _change(state, p, rng, step, feasible[:1])
+            prios = to_priorities(_oracle(p, pod, feasible).scores, state.config.priority_mapping)
+        assert p.priorities_for(pod, passed) == prios
+        assert p.priorities_for(pod, list(passed)) == prios
         mixed = asked[::2]  # a set that is not what /filter passed: scaled over its feasible nodes alone
         assert p.priorities_for(pod, mixed) == to_priorities(
             _oracle(p, pod, mixed).scores, state.config.priority_mapping
