@@ -214,7 +214,9 @@ def main() -> int:
         for parser, loop in COMBINATIONS:
             s = summary[(parser, loop, tls)]
             ratio = "  ".join(
-                f"{k.removesuffix('_cpu_ms')} {s[k] / before[k]:.2f}x/{s[k] / plain[k]:.2f}x" for k in s if "cpu" in k
+                f"{k.removesuffix('_cpu_ms')} {_ratio(s[k], before[k])}/{_ratio(s[k], plain[k])}"
+                for k in s
+                if "cpu" in k
             )
             print(f"  {'https' if tls else 'http '} {parser:>9} + {loop:<7} {_line(s)}")
             print(f"  {'':5} {'':>9}   {'':<7} CPU vs h11+uvloop / vs h11+asyncio: {ratio}")
@@ -222,6 +224,11 @@ def main() -> int:
         out = {f"{p}+{lp}{'+tls' if t else ''}": v for (p, lp, t), v in summary.items()}
         args.json.write_text(json.dumps({"nodes": args.nodes, "rounds": args.rounds, "results": out}, indent=2))
     return 0
+
+
+def _ratio(value: float, base: float) -> str:
+    """`value` / `base`; "n/a" when the base read 0 (fewer calls than one /proc tick of CPU, 10 ms)."""
+    return f"{value / base:.2f}x" if base else "n/a"
 
 
 def _line(s: dict[str, float]) -> str:
