@@ -46,7 +46,7 @@ class _Memo:
     name_set: set[str]
     version: int
     evaluation: Evaluation
-    subset: tuple[list[str], Evaluation] | None = None
+    subset: tuple[list[str], Evaluation, list[str]] | None = None  # names, their evaluation, its feasible in order
     # Names that changed since they were last evaluated and were not asked about since: out of `evaluation` until a
     # call asks about them (kube-scheduler asks ~10 % of the nodes a call, so most changed nodes wait, and a node that
     # changes again meanwhile is evaluated once).
@@ -147,15 +147,19 @@ class Evaluation:
         return max(self.feasible.items(), key=lambda kv: kv[1].score)
 
 
-def _subset(full: Evaluation, names: list[str]) -> Evaluation:
-    """`full` (which holds every name) narrowed to `names`, in their order (a name asked twice is where it came first);
-    with C-level filter/map/zip: a Python loop over 500 names cost more than the no-GPU request's JSON work."""
-    return Evaluation(
-        _pick(full.feasible, names),
+def _subset(full: Evaluation, names: list[str]) -> tuple[Evaluation, list[str]]:
+    """`full` (which holds every name) narrowed to `names`, in their order (a name asked twice is where it came first),
+    and its feasible names in that order; with C-level filter/map/zip, one lookup of a name per dict it may be in: a
+    Python loop over 500 names cost more than the no-GPU request's JSON work."""
+    feasible, scores = full.feasible, full.scores
+    passed = list(filter(feasible.__contains__, names))
+    sub = Evaluation(
+        dict(zip(passed, map(feasible.__getitem__, passed), strict=True)),
         _pick(full.failed, names),
-        _pick(full.unresolvable, names),
-        _pick(full.scores, names),
+        _pick(full.unresolvable, names) if full.unresolvable else {},
+        dict(zip(passed, map(scores.__getitem__, passed), strict=True)),
     )
+    return sub, passed
 
 
 def _pick(mapping: dict[str, _V], names: list[str]) -> dict[str, _V]:
@@ -164,14 +168,15 @@ def _pick(mapping: dict[str, _V], names: list[str]) -> dict[str, _V]:
     return dict(zip(kept, map(mapping.__getitem__, kept), strict=True))
 
 
-def _rank_of(scores: dict[str, float], names: list[str]) -> dict[str, int]:
+def _rank_of(scores: dict[str, float], names: list[str], *, scored: bool = False) -> dict[str, int]:
     """The rank mapping of the feasible `names` (`scores` holds every feasible node and more): what
     `Ranked.of(subset's scores).priorities()` gives (the subset in `names`' order), without building the subset.
 
     Hundreds of nodes often tie at the best score (every empty node, every node of a class), so only the nodes at or
     above the tenth best score are ordered by the tie-break, and by C-level sorts: a sort by score alone (stable, so
-    ties keep `names`' order), a binary search for the cut, then the two sorts `Ranked.of` does on what is left."""
-    by_score = sorted(filter(scores.__contains__, names), key=scores.__getitem__, reverse=True)
+    ties keep `names`' order), a binary search for the cut, then the two sorts `Ranked.of` does on what is left.
+    `scored`: every name is in `scores` (/filter's own answer), so none is looked up to be left out."""
+    by_score = sorted(names if scored else filter(scores.__contains__, names), key=scores.__getitem__, reverse=True)
     if len(by_score) > MAX_PRIORITY:
         tenth = scores[by_score[MAX_PRIORITY - 1]]
         cut = bisect.bisect_right(by_score, -tenth, lo=MAX_PRIORITY, key=lambda n: -scores[n])
@@ -541,18 +546,21 @@ class Planner:
         """The names of `names` that `evaluation` found feasible, in order (/filter's NodeNames). When `evaluation` is
         this planner's own answer for the pod over `names`, the list is remembered: `priorities_for` given it back
         while nothing changed takes it as exactly those nodes, with no set built and no name looked up again."""
-        out = list(filter(evaluation.feasible.__contains__, names))  # in C
         policy, _ = self._resolve(pod)
         memo = self._memo.get(
             self._memo_key((pod.shape_key(), policy.name, policy.epoch, self.state.config), pod, policy)
         )
+        if memo is not None and memo.version == self.state.version and memo.subset is not None:
+            sub_names, sub, sub_passed = memo.subset
+            if evaluation is sub and sub_names == names:  # the subset's own feasible list, already in order
+                memo.passed = (sub_passed, memo.version, False)
+                return sub_passed
+        out = list(filter(evaluation.feasible.__contains__, names))  # in C
         if memo is None or memo.version != self.state.version:
             return out
         if evaluation is memo.evaluation and not memo.stale and (names is memo.names or names == memo.names):
             # Every feasible node, each once (a name asked twice: the old path's dict order, so not remembered as all)
             memo.passed = (out, memo.version, len(out) == len(evaluation.feasible))
-        elif memo.subset is not None and evaluation is memo.subset[1] and memo.subset[0] == names:
-            memo.passed = (out, memo.version, False)
         return out
 
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
@@ -568,7 +576,8 @@ class Planner:
             return memo.evaluation
         if memo.subset is not None and memo.subset[0] == names:
             return memo.subset[1]
-        memo.subset = (names, sub := _subset(memo.evaluation, names))  # e.g. kube-scheduler's ~10 % of the nodes
+        sub, passed = _subset(memo.evaluation, names)  # e.g. kube-scheduler's ~10 % of the nodes
+        memo.subset = (names, sub, passed)
         return sub
 
     def priorities_for(self, pod: PodInfo, node_names: list[str]) -> dict[str, int]:
@@ -581,7 +590,7 @@ class Planner:
             if passed[2]:
                 return self.priorities(memo.evaluation)
             if self.config.priority_mapping == "rank":
-                return _rank_of(memo.evaluation.scores, node_names)
+                return _rank_of(memo.evaluation.scores, node_names, scored=True)
         feasible = memo.evaluation.feasible
         if len(node_names) == len(feasible) and feasible.keys() == set(node_names):  # exactly the feasible nodes
             return self.priorities(memo.evaluation)
