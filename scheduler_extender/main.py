@@ -60,10 +60,14 @@ def _connection_limits(s: ExtenderSettings) -> dict[str, object]:
     return server_options(read_timeout_s=s.request_read_timeout_seconds, max_connections=s.max_connections)
 
 
-def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvicorn.Server | None:
+def _start_health_server(
+    s: ExtenderSettings, service: ExtenderService
+) -> tuple[uvicorn.Server, threading.Thread] | None:
     """--health-port: /healthz, /readyz and /metrics over plain HTTP in a thread. A kubelet HTTPS probe presents no
     client certificate (kubernetes pkg/probe/http/http.go, New(): a tls.Config with InsecureSkipVerify and no
-    Certificates), so probes cannot go through the mTLS port."""
+    Certificates), so probes cannot go through the mTLS port. Returns the server and its thread, which main joins
+    before exiting: a uvloop loop still shutting down on a daemon thread while the interpreter finalises can crash
+    the process (SIGSEGV instead of its exit code)."""
     if s.health_port is None:
         return None
     config = uvicorn.Config(
@@ -75,8 +79,9 @@ def _start_health_server(s: ExtenderSettings, service: ExtenderService) -> uvico
         **_connection_limits(s),  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)  # off the main thread uvicorn installs no signal handlers
-    threading.Thread(target=server.run, name="health-server", daemon=True).start()
-    return server
+    thread = threading.Thread(target=server.run, name="health-server", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, Election | None]:
@@ -251,9 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         log.info("stopped by SIGTERM")
     finally:
         if health is not None:
-            health.should_exit = True
+            health[0].should_exit = True
         if election is not None:
             election.release()
+        if health is not None:  # after the release: a standby takes over without waiting for this
+            health[1].join(timeout=5)
     if election is not None and election.lost.is_set():
         log.error("exiting after losing the lease; a restart comes back as a standby")
         return 1
