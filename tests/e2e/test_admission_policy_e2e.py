@@ -215,7 +215,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     pki = certs.write_dev_certs(tmp_path_factory.mktemp("webhook-pki"), ("localhost", "127.0.0.1"))
     inventory = NodeAnnotationInventory(api=_core(cp, kubeconfig=cp.admin_kubeconfig))
     inventory.start()
-    assert inventory.wait_synced(10)
+    assert inventory.wait_synced(60)  # its first node list: 60 s, a loaded 2-core machine, as the webhook e2e
     cfg = WebhookConfig(host="127.0.0.1", port=0, cert_file=str(pki.cert), key_file=str(pki.key))
     server = build_server(cfg, inventory, CollectorRegistry()).start()
     hook_doc = yaml.safe_load(WEBHOOK_CONFIG.read_text())
