@@ -2,8 +2,8 @@
 
 The extender's /filter, /prioritize and /bind, the CLI demo and the replay benchmarks all go through
 `Planner`, so a policy is never implemented twice. Node results are cached per (node version, pod
-shape, policy epoch): after a bind only the changed node is recomputed, which is what keeps a
-5,000-node filter within a few milliseconds.
+shape, policy epoch): after a bind only the changed node is recomputed, and only once a call asks
+about it, which is what keeps a 5,000-node filter within a few milliseconds.
 """
 
 from __future__ import annotations
