@@ -53,11 +53,13 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
     return out
 
 
-def _connection_limits(s: ExtenderSettings) -> dict[str, object]:
+def _connection_limits(s: ExtenderSettings, *, in_thread: bool = False) -> dict[str, object]:
     """What bounds a connection and what serves it (vgpu_http.serving): a deadline on reading each request and a 16 KiB
     head cap (the guarded httptools protocol, h11 where httptools is missing), uvicorn's keep-alive timeout between
     requests and its connection cap, on uvloop where installed."""
-    return server_options(read_timeout_s=s.request_read_timeout_seconds, max_connections=s.max_connections)
+    return server_options(
+        read_timeout_s=s.request_read_timeout_seconds, max_connections=s.max_connections, in_thread=in_thread
+    )
 
 
 def _start_health_server(
@@ -76,7 +78,7 @@ def _start_health_server(
         port=s.health_port,
         log_level="warning",
         access_log=False,
-        **_connection_limits(s),  # type: ignore[arg-type]
+        **_connection_limits(s, in_thread=True),  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)  # off the main thread uvicorn installs no signal handlers
     thread = threading.Thread(target=server.run, name="health-server", daemon=True)

@@ -43,14 +43,23 @@ def event_loop(loop: str = "auto") -> str:
     return loop
 
 
-def server_options(*, read_timeout_s: float, max_connections: int, choice: Choice | None = None) -> dict[str, Any]:
+# A server on a daemon thread (the extender's --health-port, the webhook's in-process mode of tests and benchmarks)
+# runs asyncio's own loop: a uvloop loop still shutting down on a daemon thread while the interpreter finalises can
+# crash the process (the leader e2e saw a replica exit by SIGSEGV instead of its exit code, once in ~18 loaded runs),
+# and those servers are not where the per-request cost matters.
+THREAD_LOOP = "asyncio"
+
+
+def server_options(
+    *, read_timeout_s: float, max_connections: int, choice: Choice | None = None, in_thread: bool = False
+) -> dict[str, Any]:
     """Keyword arguments for uvicorn.Config / uvicorn.run (uvicorn 0.54, uvicorn/config.py `Config`): the guarded
-    protocol (`http`), the loop, uvicorn's keep-alive timeout between requests and its cap on open connections
-    (`limit_concurrency`, 503 beyond it)."""
+    protocol (`http`), the loop (THREAD_LOOP for a server on a daemon thread), uvicorn's keep-alive timeout between
+    requests and its cap on open connections (`limit_concurrency`, 503 beyond it)."""
     picked = choice or DEFAULT
     return {
         "http": guarded_protocol(read_timeout_s, parser=picked.parser),
-        "loop": event_loop(picked.loop),
+        "loop": THREAD_LOOP if in_thread and picked.loop == "auto" else event_loop(picked.loop),
         "timeout_keep_alive": KEEP_ALIVE_S,
         "limit_concurrency": max_connections,
     }

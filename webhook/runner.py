@@ -14,7 +14,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from vgpu_http.guard import MAX_CONNECTIONS, READ_TIMEOUT_S
-from vgpu_http.serving import server_options
+from vgpu_http.serving import THREAD_LOOP, server_options
 from webhook.tls import ReloadingTls
 
 
@@ -61,8 +61,10 @@ class TlsServer:
         self.server.run(sockets=[self.sock])
 
     def start(self, timeout: float = 10.0) -> TlsServer:
-        # Server.run: a fresh loop of the configured kind (uvloop where installed) in this thread; off the main
-        # thread uvicorn installs no signal handlers (uvicorn 0.54, uvicorn/server.py `run`, `capture_signals`).
+        # Server.run: a fresh loop in this thread, asyncio's (vgpu_http.serving.THREAD_LOOP: uvloop is for the
+        # foreground process); off the main thread uvicorn installs no signal handlers (uvicorn 0.54,
+        # uvicorn/server.py `run` -> config.get_loop_factory(), `capture_signals`).
+        self.server.config.loop = THREAD_LOOP
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
