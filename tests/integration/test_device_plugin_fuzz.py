@@ -111,11 +111,12 @@ def call(fn: object, *args: object) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+# derandomize as the loaded profile says (tests/conftest.py): the same examples on every run, CI's included, so no
+# merge is refused by a new draw; HYPOTHESIS_PROFILE=kube-vgpu-explore draws new ones when hunting.
 FUZZ = settings(
     max_examples=MIN_EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    derandomize=False,
 )
 text_ids = st.one_of(
     st.text(max_size=80),
