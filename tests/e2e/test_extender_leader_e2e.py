@@ -130,10 +130,15 @@ def _standby_names(standby: Extender, holder: str, timeout: float = 30) -> str:
     replica is ready (then every retry period), so a refusal sent just after it became ready may still say
     "unknown": poll for the holder. Returns the last refusal's message."""
     deadline = time.monotonic() + timeout
+    message = ""
     while True:
-        code, body = _post(standby, "filter", FILTER)
-        assert code == 503, (code, body)
-        message = str(body["Error"])
+        try:
+            code, body = _post(standby, "filter", FILTER)
+        except (OSError, ssl.SSLError) as exc:  # a slow answer on a loaded machine: ask again
+            message = repr(exc)
+        else:
+            assert code == 503, (code, body)
+            message = str(body["Error"])
         if f"the leader is {holder}" in message or time.monotonic() > deadline:
             return message
         time.sleep(0.1)
