@@ -103,7 +103,8 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         from scheduler_extender.sources.file import FileBinder, load_cluster_file
 
         assert s.cluster_file is not None
-        nodes = load_cluster_file(s.cluster_file, state)
+        with gcpause.paused_gc():  # a list like the kube source's: frozen after it in the extender's process
+            nodes = load_cluster_file(s.cluster_file, state)
         binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
         options = dataclasses.replace(options, pods_from_filter=True)  # no apiserver to read pods from
         service = ExtenderService(state, binder, options=options, lock=lock)

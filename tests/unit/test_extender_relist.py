@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,8 @@ from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice
 from vgpu.state import ClusterState
+
+DEMO_CLUSTER = Path(__file__).resolve().parents[2] / "vgpu_cli" / "data" / "demo-cluster.yaml"
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -185,6 +188,29 @@ def test_in_the_extenders_process_what_the_lists_built_is_frozen_once_the_last_i
                 built.extend({"n": i} for i in range(1000))
             assert gc.get_freeze_count() == 0  # the outer list still runs
         assert gc.get_freeze_count() >= len(built) and gc.isenabled()
+    finally:
+        gcpause.freeze_after_lists(False)
+        gc.unfreeze()
+
+
+def test_the_file_sources_cluster_is_frozen_like_the_lists_in_the_extenders_process() -> None:
+    """The file source (benchmarks/extender_latency.py serves through it) loads its cluster as a list: frozen after,
+    so a full collection does not walk 5,000 nodes' state inside a measured call."""
+    import gc
+
+    from scheduler_extender import gcpause
+    from scheduler_extender import main as ext_main
+    from scheduler_extender.settings import SCHEMA
+
+    settings = SCHEMA.load(["--source", "file", "--cluster-file", str(DEMO_CLUSTER)], {}, lambda p: Path(p).read_text())
+    gc.unfreeze()
+    try:
+        ext_main.build_service(settings)
+        assert gc.get_freeze_count() == 0  # off, as in this test runner's process
+        gcpause.freeze_after_lists()
+        service, _, _ = ext_main.build_service(settings)
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+        assert len(service.state.nodes) == 4
     finally:
         gcpause.freeze_after_lists(False)
         gc.unfreeze()
