@@ -200,13 +200,19 @@ def test_extender_killed_mid_burst_recovers_exact_state(vgpu: tuple[ControlPlane
     cp, ext = vgpu
     core = client.CoreV1Api(cp.api_client())
     selector = gpu_nodes(cp, f"crash-{uuid.uuid4().hex[:5]}", 10, 4)
-    names = _burst(core, namespace, selector, 100, seed=2)
-    deadline = time.monotonic() + 60
-    while sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) < 30:
-        assert time.monotonic() < deadline, "burst did not start binding"
-        time.sleep(0.1)
-    ext.kill()
-    bound_at_kill = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
+    # The burst is created on a worker thread while this one waits for the 30th bind, so the kill lands mid-burst:
+    # created first and polled after, a loaded machine had bound all 100 before the kill ("killed at 100/100").
+    with concurrent.futures.ThreadPoolExecutor(1) as creator:
+        creating = creator.submit(_burst, core, namespace, selector, 100, 2)
+        deadline = time.monotonic() + 60
+        while sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) < 30:
+            assert time.monotonic() < deadline, "burst did not start binding"
+            if creating.done():
+                creating.result()  # a failed create, raised here
+            time.sleep(0.1)
+        ext.kill()
+        bound_at_kill = sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
+        names = creating.result()
     time.sleep(2)  # kube-scheduler sees connection refused meanwhile and backs off
     ext.start()
     pods = _wait_settled(core, namespace, names, timeout=180)
