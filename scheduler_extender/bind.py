@@ -134,33 +134,16 @@ class BindVerb:
         return schema.binding_result()
 
     def _pod_to_bind(self, args: schema.ExtenderBindingArgs, key: str, seen: dict[str, Any] | None) -> dict[str, Any]:
-        """The pod as the apiserver holds it: `seen`, the watch's latest version, when it carries the UID the bind
-        names, else read now (the file source: as /filter last saw it). Raises Refused for a pod that is missing,
-        was recreated under another UID, is bound already or is being deleted."""
-        if seen is not None and args.PodUID and pod_uid(seen) == args.PodUID:
-            return self._check_to_bind(args, seen)
-        return self._check_to_bind(args, self._read_pod(args, key))
-
-    def _read_pod(self, args: schema.ExtenderBindingArgs, key: str) -> dict[str, Any]:
-        try:
-            pod = self.binder.get_pod(namespace=args.PodNamespace, name=args.PodName)
-        except Exception as exc:
-            raise Refused(f"cannot read the pod from the apiserver: {exc}") from None
-        if pod is None and self.recent.keep_bodies:
-            pod = self.recent.body(key)
-        if pod is None:
-            raise Refused("pod not found")
-        return pod
-
-    def _check_to_bind(self, args: schema.ExtenderBindingArgs, pod: dict[str, Any]) -> dict[str, Any]:
-        uid = pod_uid(pod)
-        if args.PodUID and uid != args.PodUID:
-            raise Refused(f"the pod's UID is {uid or 'unset'}, the bind names {args.PodUID}; refused")
-        if bound_to := bound_node(pod):
-            raise Refused(f"already bound to {bound_to}; a bound pod is never bound again")
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            raise Refused("the pod is being deleted")
-        return pod
+        """The pod as the apiserver holds it (`held_pod`); the file source: as /filter last saw it."""
+        return held_pod(
+            self.binder,
+            seen,
+            namespace=args.PodNamespace,
+            name=args.PodName,
+            uid=args.PodUID,
+            verb="bind",
+            fallback=(lambda: self.recent.body(key)) if self.recent.keep_bodies else None,
+        )
 
     def _send(
         self,
@@ -188,7 +171,7 @@ class BindVerb:
                 raise
         try:
             with deadline.within(calls_by):
-                fresh = self._check_to_bind(args, self._read_pod(args, key))
+                fresh = self._pod_to_bind(args, key, None)
             changed = self._parse_to_bind(fresh) != info
         except Refused as exc:
             raise PodChanged(f"the pod changed while it was being bound: {exc}") from None
@@ -248,6 +231,50 @@ class BindVerb:
         self.metrics.bind_failure()
         log.warning("bind failed", extra={"pod": key, "node": node, "reason": reason})
         return schema.binding_result(f"bind {key} to {node}: {reason}")
+
+
+class NotHeld(Refused):
+    """The apiserver holds no pod a verb may act for under the name it was given; `reason` names why, as a metric
+    label: pod-missing, uid-mismatch, pod-bound, pod-deleting or read-failed."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def held_pod(
+    binder: Binder,
+    seen: dict[str, Any] | None,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    verb: str,
+    fallback: Callable[[], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """The pod as the apiserver holds it under namespace/name, never a body a caller sent: `seen`, the watch's latest
+    version, when it carries `uid`, else read now with one GET (under the caller's deadline: scheduler_extender.
+    deadline); `fallback` when the apiserver has none (the file source: the body /filter last saw). Raises NotHeld
+    for a pod that cannot be read, is missing, carries another UID than `uid` (when given), is bound already or is
+    being deleted (docs/extender.md, "Security")."""
+    pod = seen if seen is not None and uid and pod_uid(seen) == uid else None
+    if pod is None:
+        try:
+            pod = binder.get_pod(namespace=namespace, name=name)
+        except Exception as exc:
+            raise NotHeld(f"cannot read the pod from the apiserver: {exc}", reason="read-failed") from None
+        if pod is None and fallback is not None:
+            pod = fallback()
+        if pod is None:
+            raise NotHeld("pod not found", reason="pod-missing")
+    held = pod_uid(pod)
+    if uid and held != uid:
+        raise NotHeld(f"the pod's UID is {held or 'unset'}, the {verb} names {uid}; refused", reason="uid-mismatch")
+    if bound_to := bound_node(pod):
+        raise NotHeld(f"already bound to {bound_to}; a bound pod is never bound again", reason="pod-bound")
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        raise NotHeld("the pod is being deleted", reason="pod-deleting")
+    return pod
 
 
 class PodChanged(Exception):

@@ -227,7 +227,9 @@ class ExtenderMetrics:
         )
         self.preemptions = Counter(
             "vgpu_extender_preempt_calls_total",
-            "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works)",
+            "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works); "
+            "answered empty as the apiserver holds no such pod to preempt for: pod-missing, uid-mismatch, pod-bound, "
+            "pod-deleting, read-failed",
             ["outcome"],
             registry=self.rest,
         )

@@ -13,13 +13,14 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_extender import schema
-from scheduler_extender.bind import DEFAULT_HTTP_TIMEOUT_S, BindVerb
+from scheduler_extender import deadline, schema
+from scheduler_extender.bind import DEFAULT_HTTP_TIMEOUT_S, BindVerb, NotHeld, check_budget, held_pod
 from scheduler_extender.binder import Binder
 from scheduler_extender.holds import SoftHolds, steer
 from scheduler_extender.learning import Candidates, Learning, seed_candidates
@@ -230,10 +231,14 @@ class ExtenderService:
 
     def preempt(self, args: schema.ExtenderPreemptionArgs) -> dict[str, Any]:
         """ExtenderPreemptionResult: per candidate node our cheapest victim set; nodes where none works are left
-        out (scheduler_extender.preempt)."""
+        out (scheduler_extender.preempt). Victims, priority and the hold are sized from the pod the apiserver
+        holds, never from the body sent (`_pod_to_preempt_for`)."""
         given = given_victims(args.NodeNameToMetaVictims, args.NodeNameToVictims)
+        pod = self._pod_to_preempt_for(args.Pod)
+        if pod is None:
+            return {"NodeNameToMetaVictims": {}}
         try:
-            info = self.recent.parse(args.Pod)
+            info = self.recent.parse(pod)
         except (RequestError, UnknownPolicyError) as exc:
             log.info("preempt: pod can never fit", extra={"error": str(exc)})
             return {"NodeNameToMetaVictims": {}}
@@ -249,17 +254,40 @@ class ExtenderService:
                 pdbs = self.list_pdbs()  # apiserver I/O outside the lock
             except Exception as exc:  # any failure: choose as if no budget protected a pod
                 log.warning("preempt: could not list PodDisruptionBudgets", extra={"error": str(exc)})
-        prio = pod_priority(args.Pod, info.request)
+        prio = pod_priority(pod, info.request)
         with self.lock:
             self.reservations.release_stale(info)
             result = victims_result(self.state, self.planner, self.books, info, prio, given, pdbs)
             by_uid = {m.uid: k for k, m in self.books.pods.items() if m.uid}
             self.books.preempting(
-                args.Pod,
+                pod,
                 {n: [by_uid[p["UID"]] for p in v["Pods"] if p["UID"] in by_uid] for n, v in result.items()},
             )
         self.metrics.preemptions.labels("answered" if result else "no-node").inc()
         return {"NodeNameToMetaVictims": result}
+
+    def _pod_to_preempt_for(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod as the apiserver holds it under the body's namespace/name (scheduler_extender.bind.held_pod): the
+        watch's copy when it carries the body's metadata.uid, else one GET, within what /bind keeps for a read
+        (`check_budget`), outside the lock. None, logged and counted by reason, when there is none: the caller could
+        otherwise size victims and a hold of up to PENDING_NOMINATION_S from inflated requests, a forged priority or
+        another pod's name. The file source has no watch nor apiserver: there the body is all there is."""
+        if self.options.pods_from_filter:
+            return body
+        key = pod_key(body)
+        namespace, _, name = key.partition("/")
+        uid = pod_uid(body)
+        with self.lock:
+            seen = self.unbound.get(key)
+        try:
+            if not uid:
+                raise NotHeld("the body carries no metadata.uid", reason="uid-mismatch")
+            with deadline.within(time.monotonic() + check_budget(self.options.bind_timeout_s)):
+                return held_pod(self.binder, seen, namespace=namespace, name=name, uid=uid, verb="preemption request")
+        except NotHeld as exc:
+            log.warning("preempt: no pod to preempt for", extra={"pod": key, "outcome": exc.reason, "reason": str(exc)})
+            self.metrics.preemptions.labels(exc.reason).inc()
+            return None
 
     def prioritize(self, args: schema.ExtenderArgs) -> list[dict[str, Any]]:
         names, _ = self._names(args, "prioritize")

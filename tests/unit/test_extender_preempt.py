@@ -79,6 +79,14 @@ def _fill(svc: ExtenderService) -> dict[str, dict[str, Any]]:
     return pods
 
 
+def _pending(svc: ExtenderService, *pods: dict[str, Any]) -> None:
+    """The preemptors as the apiserver holds them (/preempt reads a pod the watch has not shown)."""
+    binder = svc.binder
+    assert isinstance(binder, FakeBinder)
+    for pod in pods:
+        binder.pods[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = copy.deepcopy(pod)
+
+
 def _meta(*uids: str, pdb: int = 0) -> dict[str, Any]:
     return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
 
@@ -87,6 +95,7 @@ def test_preempt_answers_the_cheapest_set_per_node_and_drops_nodes_where_none_wo
     svc, http = _service()
     _fill(svc)
     online = _pod("online", 40000, 1000)
+    _pending(svc, online)
     # kube-scheduler's in-tree dry run counted replicas only: it offers one pod per node, not what frees memory.
     body = {"Pod": online, "NodeNameToMetaVictims": {"a": _meta("uid-b3"), "b": _meta("uid-h0")}}
     r = http.post("/preempt", json=body)
@@ -109,6 +118,7 @@ def test_a_pdb_that_allows_no_disruption_steers_the_choice() -> None:
     pods["b1"]["metadata"]["labels"] = {"app": "b1"}
     svc.pod_event("MODIFIED", pods["b1"])
     body = {"Pod": _pod("online", 40000, 1000), "NodeNameToMetaVictims": {"a": _meta("uid-b3")}}
+    _pending(svc, body["Pod"])
     got = http.post("/preempt", json=body).json()["NodeNameToMetaVictims"]
     assert got == {"a": _meta("uid-b3")}  # b3 (priority 5) frees GPU 1; b1 is spared
 
@@ -117,6 +127,7 @@ def test_the_full_pod_form_and_a_node_without_a_fitting_set() -> None:
     svc, http = _service()
     pods = _fill(svc)
     huge = _pod("huge", MIB + 1, 1000)  # never fits any card: no node
+    _pending(svc, huge, _pod("online", 40000, 1000), _pod("low", 40000, 1))
     body = {"Pod": huge, "NodeNameToVictims": {"a": {"Pods": [pods["b1"]], "NumPDBViolations": 0}}}
     assert http.post("/preempt", json=body).json() == {"NodeNameToMetaVictims": {}}
     body = {
