@@ -68,8 +68,8 @@ def _start_health_server(
     """--health-port: /healthz, /readyz and /metrics over plain HTTP in a thread. A kubelet HTTPS probe presents no
     client certificate (kubernetes pkg/probe/http/http.go, New(): a tls.Config with InsecureSkipVerify and no
     Certificates), so probes cannot go through the mTLS port. Returns the server and its thread, which main joins
-    before exiting: a uvloop loop still shutting down on a daemon thread while the interpreter finalises can crash
-    the process (SIGSEGV instead of its exit code)."""
+    before exiting: no server loop is still shutting down on a daemon thread while the interpreter finalises (with
+    uvloop that crashed the process by SIGSEGV instead of its exit code; this thread runs asyncio's loop now)."""
     if s.health_port is None:
         return None
     config = uvicorn.Config(
