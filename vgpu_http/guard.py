@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -27,6 +28,30 @@ READ_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 1000
 # h11's cap on an incomplete head (h11 0.16, h11/_connection.py DEFAULT_MAX_INCOMPLETE_EVENT_SIZE), kept for httptools.
 MAX_HEAD_BYTES = 16 * 1024
+
+
+class ReadDeadline:
+    """One connection's deadline on reading a request, for both protocols: armed when the connection opens and
+    again after each response, cancelled when it closes; `expired` decides what a late request means."""
+
+    __slots__ = ("_expired", "_handle", "_loop", "_seconds")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, expired: Callable[[], None]) -> None:
+        self._loop, self._seconds, self._expired = loop, seconds, expired
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.cancel()
+        self._handle = self._loop.call_later(self._seconds, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._expired()
 
 
 def httptools_available() -> bool:
@@ -52,31 +77,24 @@ def guarded_h11(read_timeout_s: float) -> type[H11Protocol]:
 
     class Guarded(H11Protocol):
         read_timeout = read_timeout_s
-        _read_deadline: asyncio.TimerHandle | None = None
-
-        def _arm(self) -> None:
-            if self._read_deadline is not None:
-                self._read_deadline.cancel()
-            self._read_deadline = self.loop.call_later(read_timeout_s, self._too_slow)
+        _deadline: ReadDeadline
 
         def _too_slow(self) -> None:
-            self._read_deadline = None
             # DONE: the request is in and its response is being made; uvicorn's keep-alive timer takes over after it.
             if self.conn.their_state not in (h11.DONE, h11.MUST_CLOSE) and not self.transport.is_closing():
                 self.transport.close()
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._deadline = ReadDeadline(self.loop, read_timeout_s, self._too_slow)
+            self._deadline.arm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm()
+            self._deadline.arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._read_deadline is not None:
-                self._read_deadline.cancel()
-                self._read_deadline = None
+            self._deadline.cancel()
             super().connection_lost(exc)
 
     return Guarded

@@ -8,12 +8,11 @@ cycle calls `on_response_complete` once its response is written; `connection_los
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from vgpu_http.guard import MAX_HEAD_BYTES
+from vgpu_http.guard import MAX_HEAD_BYTES, ReadDeadline
 
 HEAD_TOO_LARGE = (
     f"request head (request line and headers) over {MAX_HEAD_BYTES} bytes; at most {MAX_HEAD_BYTES} allowed"
@@ -26,7 +25,7 @@ def guarded_httptools(read_timeout_s: float) -> type[HttpToolsProtocol]:
 
     class GuardedHttpTools(HttpToolsProtocol):
         read_timeout = read_timeout_s
-        _read_deadline: asyncio.TimerHandle | None = None
+        _deadline: ReadDeadline
         # Requests whose body has fully arrived, and responses written: more in than out means one is being
         # served (or queued behind it), so the deadline leaves the connection alone.
         _received = 0
@@ -35,19 +34,14 @@ def guarded_httptools(read_timeout_s: float) -> type[HttpToolsProtocol]:
         _in_head = True
         _head_bytes = 0
 
-        def _arm(self) -> None:
-            if self._read_deadline is not None:
-                self._read_deadline.cancel()
-            self._read_deadline = self.loop.call_later(read_timeout_s, self._too_slow)
-
         def _too_slow(self) -> None:
-            self._read_deadline = None
             if self._received <= self._answered and not self.transport.is_closing():
                 self.transport.close()
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._deadline = ReadDeadline(self.loop, read_timeout_s, self._too_slow)
+            self._deadline.arm()
 
         def data_received(self, data: bytes) -> None:
             # Counted before parsing: whether this chunk ends the head is known only after. A chunk that ends one
@@ -86,12 +80,10 @@ def guarded_httptools(read_timeout_s: float) -> type[HttpToolsProtocol]:
             self._answered += 1
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._arm()
+                self._deadline.arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._read_deadline is not None:
-                self._read_deadline.cancel()
-                self._read_deadline = None
+            self._deadline.cancel()
             super().connection_lost(exc)
 
     return GuardedHttpTools
