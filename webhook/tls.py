@@ -30,7 +30,7 @@ def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContex
 
 
 class ReloadingTls:
-    """Owns the listening context; `check()` reloads when the cert or key file's mtime changed."""
+    """Owns the listening context; `check()` reloads when the cert or key file changed (inode or mtime)."""
 
     def __init__(
         self,
@@ -42,7 +42,7 @@ class ReloadingTls:
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
         self._on_reload = on_reload or (lambda ok: None)
-        self._stamp = self._mtimes()
+        self._stamp = self._file_stamps()
         self._current = server_context(self.cert_file, self.key_file)
         self.not_after = self._read_not_after()
         self.reloads = 0
@@ -54,8 +54,11 @@ class ReloadingTls:
     def _pick(self, sslobj: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
         sslobj.context = self._current
 
-    def _mtimes(self) -> tuple[int, int]:
-        return (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
+    def _file_stamps(self) -> tuple[int, ...]:
+        # The inode too: an atomic rename within one timestamp tick (coarse-grained filesystems) still
+        # shows as a change.
+        cert, key = os.stat(self.cert_file), os.stat(self.key_file)
+        return (cert.st_ino, cert.st_mtime_ns, key.st_ino, key.st_mtime_ns)
 
     def _read_not_after(self) -> float:
         cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
@@ -64,7 +67,7 @@ class ReloadingTls:
     def check(self) -> bool:
         """Reload if the files changed; True when a new certificate was installed."""
         try:
-            stamp = self._mtimes()
+            stamp = self._file_stamps()
         except OSError as exc:
             log.warning("cannot stat certificate files: %s", exc)
             return False
@@ -77,6 +80,15 @@ class ReloadingTls:
             # Typically the cert was replaced before its key: keep serving the old pair, retry later.
             log.warning("certificate reload failed, keeping the previous one: %s", exc)
             self._on_reload(False)
+            return False
+        try:
+            settled = self._file_stamps() == stamp
+        except OSError:
+            settled = False
+        if not settled:
+            # A file was replaced while we read them (cert, then key, mid-rotation): what was loaded may
+            # belong to neither stamp, and recording the older one would reload the same pair again next
+            # tick. Install nothing; the next check reads the files once they have settled.
             return False
         self._current, self._stamp, self.not_after = fresh, stamp, not_after
         self.reloads += 1
