@@ -42,6 +42,7 @@ from kube_vgpu_dev.pki import CertificateAuthority, ClusterPki, make_cluster_pki
 from kube_vgpu_dev.processes import ControlPlaneError, ManagedProcess, free_port, http_ok, insecure_tls
 
 _live: set[ControlPlane] = set()
+SYSTEM_NAMESPACES = ("kube-system", "default")
 
 
 @atexit.register
@@ -239,6 +240,14 @@ class ControlPlane(ClusterObjects):
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
         ctx.load_cert_chain(str(self.admin_cert), str(self.admin_key))
         proc.wait_ready("kube-apiserver", lambda: http_ok(f"{self.server}/readyz", ctx=ctx), self.start_timeout)
+        # /readyz passes once the start-system-namespaces-controller hook has *started* its controller, which creates
+        # kube-system and default on a goroutine of its own (k8s.io/kubernetes v1.34.4 pkg/controlplane/apiserver/
+        # server.go): the first module writes into kube-system at once, so wait for the namespaces themselves.
+        for ns in SYSTEM_NAMESPACES:
+            url = f"{self.server}/api/v1/namespaces/{ns}"
+            proc.wait_ready(
+                f"kube-apiserver's namespace {ns}", lambda url=url: http_ok(url, ctx=ctx), self.start_timeout
+            )
 
     # ---- scheduler and KWOK
 
