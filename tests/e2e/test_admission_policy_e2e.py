@@ -157,14 +157,26 @@ def _plugin_pod(admin: client.CoreV1Api, name: str, node: str) -> Any:
     return admin.create_namespaced_pod("kube-system", body)
 
 
-def _wait(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Admission configuration reaches the apiserver's admission chain asynchronously: poll for the effect."""
+def _wait(what: str, ok: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Admission configuration reaches the apiserver's admission chain asynchronously: poll for the effect (60 s: a
+    loaded 2-core machine; it returns as soon as the effect shows)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ok():
             return
         time.sleep(0.2)
     raise AssertionError(f"{what} not in effect after {timeout}s")
+
+
+def _authorized(authz: client.AuthorizationV1Api, user: str, groups: list[str], **attributes: str) -> bool:
+    """A SubjectAccessReview: whether the apiserver's authorizer, with the roles and bindings it has loaded so far,
+    lets `user` do this."""
+    body = {"spec": {"user": user, "groups": groups, "resourceAttributes": attributes}}
+    return bool(authz.create_subject_access_review(body).status.allowed)
+
+
+def _sa_groups() -> list[str]:
+    return ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]
 
 
 def _refusal(call: Callable[[], Any], *, not_yet: bool = False) -> str:
@@ -268,6 +280,23 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     }
     for name, attempt in probes.items():
         _wait(f"the admission policy {name}", lambda: name in _refusal(attempt, not_yet=True))  # noqa: B023
+    # The RBAC authorizer loads roles and bindings from watches of its own: the probes above prove the tenant's and
+    # vgpu-scheduler's, not the extender's or the device plugin's (their ClusterRoleBinding was created after
+    # vgpu-scheduler's), whose writes the tests below expect to pass or to be refused by a policy, never by RBAC.
+    authz = client.AuthorizationV1Api(admin.api_client)
+    loaded = {
+        "the extender's RBAC": lambda: _authorized(
+            authz, EXTENDER, _sa_groups(), verb="create", resource="pods", subresource="binding", namespace=ns
+        ),
+        "the device plugin's RBAC": lambda: _authorized(
+            authz, PLUGIN, _sa_groups(), verb="patch", resource="nodes", name=node_a
+        ),
+        "the tenant's RBAC": lambda: _authorized(
+            authz, tenant_user, ["system:authenticated"], verb="patch", resource="pods", namespace=ns
+        ),
+    }
+    for what, check in loaded.items():
+        _wait(what, check)
     _wait(
         "the webhook",
         lambda: (
