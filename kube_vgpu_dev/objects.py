@@ -126,11 +126,13 @@ class ClusterObjects:
         self,
         name: str,
         namespace: str = "default",
-        timeout: float = 30.0,
+        timeout: float = 90.0,
         condition: Callable[[Any], bool] | None = None,
     ) -> Any:
         """Poll pod *name* until ``condition(pod)`` (default: ``spec.nodeName`` set) holds; return the pod.
-        Raises TimeoutError with the pod's events otherwise."""
+        Raises TimeoutError with the pod's events otherwise. 90 s by default: a pod created just after its nodes may
+        meet a kube-scheduler that has not seen their status yet, and then waits for a requeue and its backoff; it
+        returns as soon as the condition holds."""
         api = self._core()
         cond = condition or (lambda p: bool(p.spec.node_name))
         deadline = time.monotonic() + timeout
