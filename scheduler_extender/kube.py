@@ -5,6 +5,7 @@ Functions take the API object and keyword-only arguments; nothing here holds a g
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -94,6 +95,18 @@ def _raw(resp: Any) -> dict[str, Any]:
     return out
 
 
+def _done(resp: Any) -> None:
+    """Read an answer nothing looks at to its end, so its connection goes back to the pool. A raw response
+    (`_preload_content=False`) keeps its connection until its body is read (urllib3 2.x, urllib3/response.py
+    `HTTPResponse.read` releases it once the body is complete): one left unread is dropped with the object, and the
+    next call opens a new TLS connection - a handshake per bind, for the extender and the apiserver alike
+    (benchmarks/scale.py). The call succeeded (its status said so); a body that cannot be read closes the
+    connection instead."""
+    with contextlib.suppress(Exception):  # the status already answered the call; urllib3 closes a broken connection
+        resp.read()
+    resp.release_conn()
+
+
 def get_pod(api: client.CoreV1Api, *, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return _raw(api.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=_timeout()))
@@ -166,12 +179,14 @@ def create_binding(
     }
     # A plain dict, not a V1Binding: no model objects to build and serialise on the bind's path. _preload_content=False:
     # the generated client cannot deserialise the Status this call returns.
-    api.create_namespaced_pod_binding(
-        name,
-        namespace,
-        body,  # type: ignore[arg-type]
-        _preload_content=False,
-        _request_timeout=_timeout(),
+    _done(
+        api.create_namespaced_pod_binding(
+            name,
+            namespace,
+            body,  # type: ignore[arg-type]
+            _preload_content=False,
+            _request_timeout=_timeout(),
+        )
     )
 
 
@@ -296,8 +311,10 @@ def list_pdbs() -> list[dict[str, Any]]:
 def mark_leader(api: client.CoreV1Api, *, namespace: str, name: str, leading: bool) -> None:
     """Set (or remove) `vgpu.io/extender-leader=true` on the extender's own pod: the Service selects it."""
     labels = {ann.EXTENDER_LEADER_LABEL: "true" if leading else None}
-    api.patch_namespaced_pod(
-        name, namespace, {"metadata": {"labels": labels}}, _preload_content=False, _request_timeout=_timeout()
+    _done(
+        api.patch_namespaced_pod(
+            name, namespace, {"metadata": {"labels": labels}}, _preload_content=False, _request_timeout=_timeout()
+        )
     )
 
 
