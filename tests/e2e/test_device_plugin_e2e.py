@@ -100,7 +100,7 @@ class Node:
 def node(control_plane: ControlPlane, namespace: str) -> Iterator[Node]:
     n = Node(control_plane, namespace)
     n.plugin.start()
-    assert n.kubelet.wait(lambda: len(n.kubelet.state.devices) == 80)
+    assert n.kubelet.wait(lambda: len(n.kubelet.state.devices) == 80, timeout=90)
     yield n
     n.close()
 
@@ -122,7 +122,9 @@ def admit_and_check(node: Node, name: str, a: ann.Assignment) -> None:
     assert resp.envs.get("CUDA_DEVICE_SM_LIMIT") == (str(cores) if cores else None)
 
 
-def wait_phases(node: Node, names: list[str], want: str = "allocated", timeout: float = 20.0) -> None:
+def wait_phases(node: Node, names: list[str], want: str = "allocated", timeout: float = 90.0) -> None:
+    """The plugin writes bind-phase from a queue of its own after each Allocate (retried every reconcile_s): 50 PATCHes
+    on a loaded machine take a while, so 90 s; it returns as soon as every pod has it."""
     deadline = time.monotonic() + timeout
     left = list(names)
     while left and time.monotonic() < deadline:
@@ -132,7 +134,7 @@ def wait_phases(node: Node, names: list[str], want: str = "allocated", timeout: 
 
 
 def test_node_inventory_annotation_is_published(node: Node) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # the plugin's first PATCH of its node, behind its start on a loaded machine
     value = None
     while value is None and time.monotonic() < deadline:
         value = (node.core.read_node(node.name).metadata.annotations or {}).get(ann.NODE_INVENTORY)
@@ -164,13 +166,15 @@ def test_kubelet_restart_and_plugin_restart(node: Node) -> None:
     for name in names[:4]:
         admit_and_check(node, name, want[name])
     node.kubelet.restart()
-    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 2, timeout=30)
+    # Re-registered (at least once: the plugin may see its socket gone and kubelet.sock back as two events).
+    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) >= 2, timeout=90)
     for name in names[4:8]:
         admit_and_check(node, name, want[name])
     node.plugin.stop()
+    registered = len(node.kubelet.state.registrations)  # the stopped plugin registers no more
     node.plugin = node.new_plugin()
     node.plugin.start()
-    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) == 3, timeout=30)
+    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) > registered, timeout=90)
     for name in names[8:]:
         admit_and_check(node, name, want[name])
     wait_phases(node, names)
