@@ -202,7 +202,7 @@ class PluginNode:
             for p in self.core.list_namespaced_pod(self.namespace).items
         }
 
-    def wait_allocated(self, names: list[str], timeout: float = 20.0) -> None:
+    def wait_allocated(self, names: list[str], timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             phases = self.phases()
