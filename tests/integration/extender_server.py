@@ -16,6 +16,11 @@ import httpx
 
 from kube_vgpu_dev.processes import free_port
 
+# A client's timeout for one call to the extender. httpx's default (5 s) is not the behaviour under test: the
+# extender is another process on a loaded 2-core machine, and a /bind with --persist fsyncs the cluster file while
+# other binds wait their turn (24 concurrent binds took 2.2 s each on a lightly loaded machine). A hang still fails.
+HTTP_TIMEOUT_S = 30.0
+
 
 @contextlib.contextmanager
 def running_extender(

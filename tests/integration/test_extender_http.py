@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.extender_server import free_port, running_extender
+from tests.integration.extender_server import HTTP_TIMEOUT_S, free_port, running_extender
 from vgpu.clusterfile import parse_cluster
 from webhook.certs import write_dev_certs
 
@@ -67,7 +67,7 @@ def extender(cluster_file: Path) -> Any:
 
 def test_filter_node_cache_capable_returns_names_and_reasons(extender: str) -> None:
     p = pod("big", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000", "nvidia.com/gpucores": "30"})
-    r = httpx.post(f"{extender}/filter", json={"Pod": p, "Nodes": None, "NodeNames": NODES})
+    r = httpx.post(f"{extender}/filter", json={"Pod": p, "Nodes": None, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
     assert r.status_code == 200
     body = r.json()
     assert body["Nodes"] is None
@@ -80,7 +80,7 @@ def test_filter_node_cache_capable_returns_names_and_reasons(extender: str) -> N
 def test_filter_full_node_list_returns_the_node_objects(extender: str) -> None:
     p = pod("small", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"})
     items = [node_obj(n) for n in NODES] + [node_obj("cpu-only")]
-    r = httpx.post(f"{extender}/filter", json={"Pod": p, "Nodes": {"items": items}})
+    r = httpx.post(f"{extender}/filter", json={"Pod": p, "Nodes": {"items": items}}, timeout=HTTP_TIMEOUT_S)
     body = r.json()
     assert body["NodeNames"] is None
     kept = [n["metadata"]["name"] for n in body["Nodes"]["items"]]
@@ -92,7 +92,11 @@ def test_filter_full_node_list_returns_the_node_objects(extender: str) -> None:
 def test_prioritize_prefers_fuller_node_with_binpack(extender: str) -> None:
     p = pod("s", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "20"})
     p["metadata"]["annotations"] = {"vgpu.io/node-policy": "binpack"}
-    r = httpx.post(f"{extender}/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": ["h100-a", "h100-b"]})
+    r = httpx.post(
+        f"{extender}/prioritize",
+        json={"Pod": p, "Nodes": None, "NodeNames": ["h100-a", "h100-b"]},
+        timeout=HTTP_TIMEOUT_S,
+    )
     assert r.status_code == 200
     scores = {h["Host"]: h["Score"] for h in r.json()}
     assert set(scores) == {"h100-a", "h100-b"}
@@ -103,7 +107,11 @@ def test_prioritize_prefers_fuller_node_with_binpack(extender: str) -> None:
 def test_spread_annotation_inverts_the_preference(extender: str) -> None:
     p = pod("s", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "20"})
     p["metadata"]["annotations"] = {"vgpu.io/node-policy": "spread"}
-    r = httpx.post(f"{extender}/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": ["h100-a", "h100-b"]})
+    r = httpx.post(
+        f"{extender}/prioritize",
+        json={"Pod": p, "Nodes": None, "NodeNames": ["h100-a", "h100-b"]},
+        timeout=HTTP_TIMEOUT_S,
+    )
     scores = {h["Host"]: h["Score"] for h in r.json()}
     assert scores["h100-a"] > scores["h100-b"]
 
@@ -111,16 +119,17 @@ def test_spread_annotation_inverts_the_preference(extender: str) -> None:
 def test_bind_records_assignment_persists_and_survives_restart(cluster_file: Path) -> None:
     p = pod("dec", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "50"})
     with running_extender("--source", "file", "--cluster-file", str(cluster_file), "--persist") as url:
-        httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": NODES})
+        httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
         meta = p["metadata"]
         r = httpx.post(
             f"{url}/bind",
             json={"PodName": meta["name"], "PodNamespace": "llm", "PodUID": meta["uid"], "Node": "h100-b"},
+            timeout=HTTP_TIMEOUT_S,
         )
         assert r.status_code == 200 and r.json() == {"Error": ""}
         # binpack puts it on GPU 0 next to the existing slice, which is now full.
         full = pod("full", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "50000"})
-        body = httpx.post(f"{url}/filter", json={"Pod": full, "NodeNames": ["h100-b"]}).json()
+        body = httpx.post(f"{url}/filter", json={"Pod": full, "NodeNames": ["h100-b"]}, timeout=HTTP_TIMEOUT_S).json()
         assert body["NodeNames"] == []
         assert "GPU memory full on 1" in body["FailedNodes"]["h100-b"]
     _, allocations = parse_cluster(yaml.safe_load(cluster_file.read_text()))
@@ -128,16 +137,18 @@ def test_bind_records_assignment_persists_and_survives_restart(cluster_file: Pat
     assert set(held) == {"llm/existing", "llm/dec"}
     assert [(d.uuid, d.memory_mib, d.cores) for d in held["llm/dec"].slices()] == [("GPU-h100-b-0", 40960, 50)]
     with running_extender("--source", "file", "--cluster-file", str(cluster_file)) as url:
-        body = httpx.post(f"{url}/filter", json={"Pod": full, "NodeNames": ["h100-b"]}).json()
+        body = httpx.post(f"{url}/filter", json={"Pod": full, "NodeNames": ["h100-b"]}, timeout=HTTP_TIMEOUT_S).json()
         assert body["NodeNames"] == []  # the restarted extender sees both allocations
 
 
 def test_bind_to_a_node_that_no_longer_fits_is_an_error(extender: str) -> None:
     p = pod("huge", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000"})
-    httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES})
+    httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
     m = p["metadata"]
     r = httpx.post(
-        f"{extender}/bind", json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "l4"}
+        f"{extender}/bind",
+        json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "l4"},
+        timeout=HTTP_TIMEOUT_S,
     )
     assert r.status_code == 200
     assert "no longer fits" in r.json()["Error"] and "llm/huge" in r.json()["Error"]
@@ -148,14 +159,16 @@ def test_concurrent_binds_never_overcommit(extender: str, cluster_file: Path) ->
         pod(f"c{i}", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "30", "nvidia.com/gpucores": "30"})
         for i in range(24)
     ]
-    with httpx.Client() as c:
+    with httpx.Client(timeout=HTTP_TIMEOUT_S) as c:
         for p in pods:
             c.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES})
 
     def bind(p: dict[str, Any]) -> str:
         m = p["metadata"]
         r = httpx.post(
-            f"{extender}/bind", json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "h100-a"}
+            f"{extender}/bind",
+            json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "h100-a"},
+            timeout=HTTP_TIMEOUT_S,
         )
         err: str = r.json()["Error"]
         return err
@@ -189,16 +202,22 @@ def test_concurrent_binds_never_overcommit(extender: str, cluster_file: Path) ->
 def test_malformed_bodies_get_clear_400_and_service_keeps_serving(
     extender: str, verb: str, body: bytes, expect: str
 ) -> None:
-    r = httpx.post(f"{extender}/{verb}", content=body, headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{extender}/{verb}", content=body, headers={"content-type": "application/json"}, timeout=HTTP_TIMEOUT_S
+    )
     assert r.status_code == 400
     assert expect in r.json()["Error"]
-    ok = httpx.post(f"{extender}/filter", json={"Pod": pod("after", {"nvidia.com/gpu": "1"}), "NodeNames": NODES})
+    ok = httpx.post(
+        f"{extender}/filter",
+        json={"Pod": pod("after", {"nvidia.com/gpu": "1"}), "NodeNames": NODES},
+        timeout=HTTP_TIMEOUT_S,
+    )
     assert ok.status_code == 200 and ok.json()["NodeNames"] == NODES  # a whole GPU is free on each
 
 
 def test_invalid_pod_request_fails_every_node_with_a_clear_reason(extender: str) -> None:
     p = pod("bad", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "150"})
-    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}).json()
+    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S).json()
     assert body["NodeNames"] == []
     reasons = body["FailedAndUnresolvableNodes"]
     assert set(reasons) == set(NODES)
@@ -210,13 +229,13 @@ def test_invalid_pod_request_fails_every_node_with_a_clear_reason(extender: str)
 
 
 def test_metrics_expose_allocation_in_prometheus_text(extender: str) -> None:
-    text = httpx.get(f"{extender}/metrics").text
+    text = httpx.get(f"{extender}/metrics", timeout=HTTP_TIMEOUT_S).text
     line = next(
         x for x in text.splitlines() if x.startswith("vgpu_gpu_memory_allocated_bytes{") and 'UUID="GPU-h100-b-0"' in x
     )
     assert float(line.rsplit(" ", 1)[1]) == 40960 * 1024 * 1024
     assert "vgpu_extender_request_duration_seconds_bucket" in text
-    assert httpx.get(f"{extender}/readyz").status_code == 200
+    assert httpx.get(f"{extender}/readyz", timeout=HTTP_TIMEOUT_S).status_code == 200
 
 
 def test_tls_serving_with_a_verified_certificate(tmp_path: Path, cluster_file: Path) -> None:
@@ -226,11 +245,14 @@ def test_tls_serving_with_a_verified_certificate(tmp_path: Path, cluster_file: P
         assert url.startswith("https://")
         p = pod("tls", {"nvidia.com/gpu": "1"})
         r = httpx.post(
-            f"{url}/filter", json={"Pod": p, "NodeNames": NODES}, verify=ssl.create_default_context(cafile=str(ca))
+            f"{url}/filter",
+            json={"Pod": p, "NodeNames": NODES},
+            verify=ssl.create_default_context(cafile=str(ca)),
+            timeout=HTTP_TIMEOUT_S,
         )
         assert r.status_code == 200 and r.json()["NodeNames"] == NODES
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"{url}/healthz", verify=True)  # not trusted without our CA
+            httpx.get(f"{url}/healthz", verify=True, timeout=HTTP_TIMEOUT_S)  # not trusted without our CA
 
 
 def _tls(ca: Path, client: tuple[Path, Path] | None = None) -> ssl.SSLContext:
@@ -276,26 +298,32 @@ def test_mtls_refuses_every_verb_without_a_certificate_and_with_a_foreign_one(mt
             with pytest.raises(REFUSED):  # the TLS handshake fails: no request reaches a handler
                 httpx.request(method, f"{url}{path}", json=body, verify=_tls(ca, client), timeout=30)
     ok = httpx.post(
-        f"{url}/filter", json={"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": NODES}, verify=_tls(ca, scheduler)
+        f"{url}/filter",
+        json={"Pod": pod("p", {"nvidia.com/gpu": "1"}), "NodeNames": NODES},
+        verify=_tls(ca, scheduler),
+        timeout=HTTP_TIMEOUT_S,
     )
     assert ok.status_code == 200 and ok.json()["NodeNames"] == NODES
-    state = httpx.get(f"{url}/state", verify=_tls(ca, scheduler)).json()
+    state = httpx.get(f"{url}/state", verify=_tls(ca, scheduler), timeout=HTTP_TIMEOUT_S).json()
     assert [a["pod"] for a in state["allocations"]] == ["llm/existing"]  # the refused /bind changed nothing
 
 
 def test_probes_and_metrics_answer_on_the_plain_health_port_and_nothing_else_does(mtls: Any) -> None:
     url, health, ca, scheduler, _foreign = mtls
-    assert httpx.get(f"{health}/healthz").text == "ok" and httpx.get(f"{health}/readyz").status_code == 200
-    assert "vgpu_gpu_memory_allocated_bytes" in httpx.get(f"{health}/metrics").text
+    assert (
+        httpx.get(f"{health}/healthz", timeout=HTTP_TIMEOUT_S).text == "ok"
+        and httpx.get(f"{health}/readyz", timeout=HTTP_TIMEOUT_S).status_code == 200
+    )
+    assert "vgpu_gpu_memory_allocated_bytes" in httpx.get(f"{health}/metrics", timeout=HTTP_TIMEOUT_S).text
     for path in ("/filter", "/prioritize", "/bind"):
-        assert httpx.post(f"{health}{path}", json={}).status_code in (404, 405)
-    assert httpx.get(f"{health}/state").status_code == 404
+        assert httpx.post(f"{health}{path}", json={}, timeout=HTTP_TIMEOUT_S).status_code in (404, 405)
+    assert httpx.get(f"{health}/state", timeout=HTTP_TIMEOUT_S).status_code == 404
     # and the mTLS port no longer serves the probes (they live on the health port)
-    assert httpx.get(f"{url}/healthz", verify=_tls(ca, scheduler)).status_code == 404
+    assert httpx.get(f"{url}/healthz", verify=_tls(ca, scheduler), timeout=HTTP_TIMEOUT_S).status_code == 404
 
 
 def test_state_is_off_unless_enabled(extender: str) -> None:
-    r = httpx.get(f"{extender}/state")
+    r = httpx.get(f"{extender}/state", timeout=HTTP_TIMEOUT_S)
     assert r.status_code == 404 and "--enable-state" in r.text
 
 
@@ -304,14 +332,15 @@ def test_bind_of_a_pod_holding_an_assignment_changes_nothing(mtls: Any) -> None:
     stay as they were, even after a /filter that carries its name with a bigger request."""
     url, _health, ca, scheduler, _foreign = mtls
     tls = _tls(ca, scheduler)
-    before = httpx.get(f"{url}/state", verify=tls).json()
+    before = httpx.get(f"{url}/state", verify=tls, timeout=HTTP_TIMEOUT_S).json()
     squat = pod("existing", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "100"})
-    httpx.post(f"{url}/filter", json={"Pod": squat, "NodeNames": NODES}, verify=tls)
+    httpx.post(f"{url}/filter", json={"Pod": squat, "NodeNames": NODES}, verify=tls, timeout=HTTP_TIMEOUT_S)
     for node in ("h100-a", "h100-b"):
         r = httpx.post(
             f"{url}/bind",
             json={"PodName": "existing", "PodNamespace": "llm", "PodUID": squat["metadata"]["uid"], "Node": node},
             verify=tls,
+            timeout=HTTP_TIMEOUT_S,
         )
         assert "live assignment on h100-b" in r.json()["Error"]
-    assert httpx.get(f"{url}/state", verify=tls).json() == before
+    assert httpx.get(f"{url}/state", verify=tls, timeout=HTTP_TIMEOUT_S).json() == before

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from tests.integration.extender_server import running_extender
+from tests.integration.extender_server import HTTP_TIMEOUT_S, running_extender
 from tests.integration.http_fuzz import SLOW_BODY, SLOW_HEADERS, gpu_pod, slow_client_closed_after
 from tests.integration.test_extender_http import CLUSTER, NODES
 from webhook import certs
@@ -29,7 +29,9 @@ from webhook.runner import TlsServer
 from webhook.testing import make_review
 
 CAP = 1_000_000
-READ_TIMEOUT_S = 1.0
+# Every request in this module must arrive whole within it, a 1 MB body and a TLS handshake included, while the
+# machine is loaded: 1 s left a stalled client cut before the answer it asserts (413, 400) could be made.
+READ_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,7 @@ def test_a_body_over_the_cap_is_refused_while_it_streams_in(extender: str, decla
     status, sent = _raw_post(_port(extender), "/filter", declared=declared, send=50_000_000)
     assert status == 413
     assert sent < 10 * CAP  # refused long before the 50 MB were sent
-    assert httpx.get(f"{extender}/healthz").status_code == 200
+    assert httpx.get(f"{extender}/healthz", timeout=HTTP_TIMEOUT_S).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -124,17 +126,25 @@ def test_a_body_over_the_cap_is_refused_while_it_streams_in(extender: str, decla
 def test_a_field_of_the_wrong_type_is_a_400_naming_its_path(extender: str, verb: str, mutate: Any, path: str) -> None:
     pod = gpu_pod()
     mutate(pod)
-    r = httpx.post(f"{extender}/{verb}", json={"Pod": pod, "NodeNames": NODES})
+    r = httpx.post(f"{extender}/{verb}", json={"Pod": pod, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
     assert r.status_code == 400 and path in r.json()["Error"], r.text
 
 
 def test_node_names_are_capped_and_unknown_ones_answered_without_the_planner(extender: str) -> None:
-    too_many = httpx.post(f"{extender}/filter", json={"Pod": gpu_pod(), "NodeNames": [f"n{i}" for i in range(1001)]})
+    too_many = httpx.post(
+        f"{extender}/filter",
+        json={"Pod": gpu_pod(), "NodeNames": [f"n{i}" for i in range(1001)]},
+        timeout=HTTP_TIMEOUT_S,
+    )
     assert too_many.status_code == 400 and "at most 1000" in too_many.json()["Error"]
     unknown = [f"ghost-{i:04d}-" + "x" * 200 for i in range(999)]
     started = time.perf_counter()
-    r = httpx.post(f"{extender}/filter", json={"Pod": gpu_pod(), "NodeNames": [*unknown, "h100-a"]})
-    assert r.status_code == 200 and time.perf_counter() - started < 2
+    r = httpx.post(
+        f"{extender}/filter", json={"Pod": gpu_pod(), "NodeNames": [*unknown, "h100-a"]}, timeout=HTTP_TIMEOUT_S
+    )
+    # "at once" as against a planner walk per name; the bound only tells the two apart (a second on a loaded
+    # 2-core machine is a stall, not a regression); how fast is for benchmarks/
+    assert r.status_code == 200 and time.perf_counter() - started < 10
     body = r.json()
     assert body["NodeNames"] == ["h100-a"] and set(body["FailedNodes"]) == set(unknown)
     assert len(r.content) < 400 * len(unknown)
@@ -143,13 +153,13 @@ def test_node_names_are_capped_and_unknown_ones_answered_without_the_planner(ext
 def test_a_12001_character_quantity_is_refused_in_milliseconds(extender: str) -> None:
     pod = gpu_pod(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1" * 12_001})
     started = time.perf_counter()
-    r = httpx.post(f"{extender}/filter", json={"Pod": pod, "NodeNames": NODES})
+    r = httpx.post(f"{extender}/filter", json={"Pod": pod, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
     elapsed = time.perf_counter() - started
     assert r.status_code == 200 and r.json()["NodeNames"] == []
     assert "longer than 64 characters" in next(iter(r.json()["FailedAndUnresolvableNodes"].values()))
-    # the old regex took 14-20 s; the HTTP round trip included, loose for a loaded machine (the parse itself is
-    # microseconds: tests/unit/test_quantity)
-    assert elapsed < 5.0
+    # the old regex took 14-20 s (more on a loaded machine); the HTTP round trip included, loose for a loaded machine
+    # (the parse itself is microseconds: tests/unit/test_quantity)
+    assert elapsed < 10.0
 
 
 @pytest.mark.parametrize("request_bytes", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
@@ -168,7 +178,7 @@ def test_a_slow_client_is_cut_after_the_read_deadline_while_probes_answer(extend
 
 
 def _review(port: int, body: bytes) -> httpx.Response:
-    return httpx.post(f"https://127.0.0.1:{port}/mutate", content=body, verify=False, timeout=10)
+    return httpx.post(f"https://127.0.0.1:{port}/mutate", content=body, verify=False, timeout=HTTP_TIMEOUT_S)
 
 
 def test_webhook_refuses_a_review_over_the_cap(webhook: TlsServer) -> None:

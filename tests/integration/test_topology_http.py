@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.extender_server import running_extender
+from tests.integration.extender_server import HTTP_TIMEOUT_S, running_extender
 from vgpu.clusterfile import parse_cluster
 
 NODES = ["pcie", "bridged", "nvswitch"]
@@ -70,7 +70,7 @@ def extender(cluster_file: Path) -> Any:
 
 def test_require_nvlink_filter_names_why_each_node_fails(extender: str) -> None:
     p = pod("tp4", 4, {"vgpu.io/require-nvlink": "true"})
-    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}).json()
+    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S).json()
     assert body["NodeNames"] == ["nvswitch"]
     assert body["FailedAndUnresolvableNodes"]["pcie"] == (
         "container 'vllm' needs 4 GPUs that are all NVLink peers (vgpu.io/require-nvlink); at most 1 of this node's "
@@ -87,7 +87,7 @@ def test_require_nvlink_waits_where_the_connected_set_is_only_busy(tmp_path: Pat
     path.write_text(yaml.safe_dump(doc))
     p = pod("tp2", 2, {"vgpu.io/require-nvlink": "true"})
     with running_extender("--source", "file", "--cluster-file", str(path)) as url:
-        body = httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": ["bridged"]}).json()
+        body = httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": ["bridged"]}, timeout=HTTP_TIMEOUT_S).json()
     assert body["NodeNames"] == []
     assert body["FailedNodes"]["bridged"] == (  # resolvable: when GPU 0 or 2 frees, a pair is whole again
         "container 'vllm' needs 2 GPUs that are all NVLink peers (vgpu.io/require-nvlink); "
@@ -97,7 +97,7 @@ def test_require_nvlink_waits_where_the_connected_set_is_only_busy(tmp_path: Pat
 
 def test_an_invalid_value_fails_every_node_with_the_annotation_named(extender: str) -> None:
     p = pod("bad", 2, {"vgpu.io/require-nvlink": "yes"})
-    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}).json()
+    body = httpx.post(f"{extender}/filter", json={"Pod": p, "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S).json()
     assert body["NodeNames"] == []
     reasons = {**body["FailedNodes"], **body["FailedAndUnresolvableNodes"]}
     assert set(reasons) == set(NODES)
@@ -105,7 +105,7 @@ def test_an_invalid_value_fails_every_node_with_the_annotation_named(extender: s
 
 
 def test_prioritize_ranks_nodes_by_the_set_they_can_give(extender: str) -> None:
-    r = httpx.post(f"{extender}/prioritize", json={"Pod": pod("tp2", 2), "NodeNames": NODES})
+    r = httpx.post(f"{extender}/prioritize", json={"Pod": pod("tp2", 2), "NodeNames": NODES}, timeout=HTTP_TIMEOUT_S)
     scores = {h["Host"]: h["Score"] for h in r.json()}
     # bridged: its idle pair 2-3 fills a whole NVLink domain; nvswitch: linked, but 2 of 4 idle; pcie: no link.
     assert scores["bridged"] > scores["nvswitch"] > scores["pcie"]
@@ -114,10 +114,12 @@ def test_prioritize_ranks_nodes_by_the_set_they_can_give(extender: str) -> None:
 def test_bind_writes_a_connected_set(cluster_file: Path) -> None:
     p = pod("tp2", 2)
     with running_extender("--source", "file", "--cluster-file", str(cluster_file), "--persist") as url:
-        httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": ["bridged"]})
+        httpx.post(f"{url}/filter", json={"Pod": p, "NodeNames": ["bridged"]}, timeout=HTTP_TIMEOUT_S)
         m = p["metadata"]
         r = httpx.post(
-            f"{url}/bind", json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "bridged"}
+            f"{url}/bind",
+            json={"PodName": m["name"], "PodNamespace": "llm", "PodUID": m["uid"], "Node": "bridged"},
+            timeout=HTTP_TIMEOUT_S,
         )
         assert r.json() == {"Error": ""}
     _, allocations = parse_cluster(yaml.safe_load(cluster_file.read_text()))
