@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -244,9 +245,10 @@ class ControlPlane(ClusterObjects):
         # kube-system and default on a goroutine of its own (k8s.io/kubernetes v1.34.4 pkg/controlplane/apiserver/
         # server.go): the first module writes into kube-system at once, so wait for the namespaces themselves.
         for ns in SYSTEM_NAMESPACES:
-            url = f"{self.server}/api/v1/namespaces/{ns}"
             proc.wait_ready(
-                f"kube-apiserver's namespace {ns}", lambda url=url: http_ok(url, ctx=ctx), self.start_timeout
+                f"kube-apiserver's namespace {ns}",
+                functools.partial(http_ok, f"{self.server}/api/v1/namespaces/{ns}", ctx=ctx),
+                self.start_timeout,
             )
 
     # ---- scheduler and KWOK
