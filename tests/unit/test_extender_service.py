@@ -459,7 +459,7 @@ def test_the_first_pod_list_seeds_learning_and_a_relist_does_not() -> None:
     ]
     source.pods.replace(pods)  # the reflector's first list
     assert len(svc.state.assignments) == 4  # the state is rebuilt before replace returns; learning in the background
-    assert source.seeded.wait(10)
+    assert source.seeded.wait(30)  # a background thread: a loaded machine may start it late
     policy = svc.planner.policy(svc.planner.config.node_policy)
     assert isinstance(policy, FragAware)
     shape = {pct: shape_of(svc._parse(_pod("x", pct)), with_memory=policy.with_memory) for pct in (20, 50)}

@@ -144,11 +144,13 @@ def test_only_ascii_digits_in_the_quantity_grammar(raw: str) -> None:
 @pytest.mark.parametrize("raw", ["1" * 12_001, "1" * 12_000 + "x", "." + "1" * 12_000 + "e", "9" * 65])
 def test_a_long_quantity_is_refused_at_once(raw: str) -> None:
     """The old regex backtracked quadratically: 12,001 characters took 14-20 s on the event loop. This thread's
-    CPU time, not the wall clock: a loaded machine preempting the test adds none (the check is microseconds)."""
+    CPU time, not the wall clock: a loaded machine preempting the test adds none (the check is microseconds). The
+    bound is loose (a full garbage collection of the whole suite's heap can land in the window and is charged to
+    this thread) and still a fourteenth of the old regex's time."""
     started = time.thread_time()
     with pytest.raises(QuantityError, match=f"longer than {MAX_QUANTITY_LENGTH} characters"):
         parse_int_quantity(raw)
-    assert time.thread_time() - started < 0.1
+    assert time.thread_time() - started < 1.0
 
 
 @given(st.text(alphabet="0123456789.+-eEkKMGTPinu m\u0661", max_size=3 * MAX_QUANTITY_LENGTH))
