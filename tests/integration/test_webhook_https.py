@@ -61,7 +61,7 @@ def _context(*ca_files: Path) -> ssl.SSLContext:
 
 def _call(port: int, ctx: ssl.SSLContext, method: str, path: str, body: Any = None) -> tuple[int, bytes, int]:
     """One request on a fresh connection: (status, body, serial of the certificate the server presented)."""
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=5)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)  # slow on a loaded box, not wrong
     try:
         payload = None if body is None else json.dumps(body).encode()
         conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
@@ -143,7 +143,7 @@ def test_certificate_rotation_under_live_traffic(server: TlsServer, pki: certs.C
     failures: list[BaseException] = []
     stop = threading.Event()
     # A keep-alive connection opened before the rotation must keep working after it.
-    keepalive = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=5)
+    keepalive = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx, timeout=30)
     keepalive.request("GET", "/healthz")
     assert keepalive.getresponse().read() == b"ok"
 
