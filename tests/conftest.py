@@ -8,10 +8,14 @@ Also the Hypothesis profile every property test runs under (below).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+from _pytest.logging import LogCaptureHandler
 from hypothesis import HealthCheck, settings
 
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
@@ -33,6 +37,22 @@ settings.register_profile(
 )
 settings.register_profile("kube-vgpu-explore", settings.get_profile("kube-vgpu"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kube-vgpu"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """Each test leaves the root logger's handlers and level as it found them. A command's main run in-process
+    (vgpu_cli, the webhook's serve) replaces them with one handler on the sys.stderr of that moment - capsys's,
+    closed when the test ends - so every later record, from any test or a daemon thread, printed "--- Logging
+    error --- ValueError: I/O operation on closed file", and the level it set leaked into the tests after it.
+    pytest's own per-phase capture handlers are left to pytest: the setup phase's are gone, the teardown phase's
+    are removed by pytest when it ends."""
+    root = logging.getLogger()
+    handlers, level = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)], root.level
+    yield
+    root.handlers[:] = handlers + [h for h in root.handlers if isinstance(h, LogCaptureHandler)]
+    root.level = level
+
 
 GPU_MEM = 81920  # an 80 GiB card
 
