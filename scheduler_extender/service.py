@@ -35,7 +35,7 @@ from scheduler_extender.unbound_pods import UnboundPods
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 from vgpu.config import RequestDefaults, ResourceNames
-from vgpu.errors import CapacityError, RequestError, UnknownPolicyError
+from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.planner import Evaluation, Planner
 from vgpu.pod import PodInfo, bound_node, is_finished, pod_info, pod_key, pod_uid
 from vgpu.priority import pod_priority
@@ -313,18 +313,9 @@ class ExtenderService:
             holds = self.holds.on(node, other_than=info.key)
             if not holds:
                 return False
-            stand_ins = []
-            try:
-                for h in holds:
-                    try:
-                        self.state.apply(HOLD_PREFIX + h.key, h.assignment)
-                    except CapacityError:  # the node changed since it was held: that hold no longer fits itself
-                        continue
-                    stand_ins.append(HOLD_PREFIX + h.key)
-                result = self.planner.evaluate_node(node, info)
-            finally:
-                for key in stand_ins:
-                    self.state.release(key)
+            # On a copy of the node: a hold that no longer fits (the node changed since) is left out, and the state's
+            # versions do not move, so no memoised evaluation re-evaluates the node for this.
+            result = self.planner.evaluate_beside(node, info, [(HOLD_PREFIX + h.key, h.assignment) for h in holds])
             if result.placement is None:
                 return True
             placed[node] = result.placement.assignment(info)

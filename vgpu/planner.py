@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from vgpu import annotations as ann
-from vgpu.annotations import ContainerAssignment, DeviceSlice
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, fit_node
@@ -358,6 +358,13 @@ class Planner:
         node_policy, rank = self._resolve(pod)
         return self._drawn(node_name, pod, node_policy, self._evaluate(node_name, pod, node_policy, rank))
 
+    def evaluate_beside(self, node_name: str, pod: PodInfo, stand_ins: Iterable[tuple[str, Assignment]]) -> NodeResult:
+        """`evaluate_node` as if the state held `stand_ins` too (`ClusterState.with_stand_ins`: applied in turn, those
+        that do not fit left out), on a copy of the node: the state, its versions and every memo stay as they were."""
+        node_policy, rank = self._resolve(pod)
+        view = self.state.with_stand_ins(node_name, stand_ins)
+        return self._drawn(node_name, pod, node_policy, self._evaluate(node_name, pod, node_policy, rank, view=view))
+
     @staticmethod
     def _drawn(name: str, pod: PodInfo, policy: NodePolicy, result: NodeResult) -> NodeResult:
         """Add the policy's per-pod part of the score, if it has one (see PodScored)."""
@@ -383,10 +390,13 @@ class Planner:
         rank: GpuRank,
         memo: ShapeMemo | None = None,
         classes: Classes | None = None,
+        *,
+        view: NodeState | None = None,
     ) -> NodeResult:
         """`classes` (with `memo`): node classes already evaluated for this shape, policy and epoch; a node of a known
-        class takes its class's answer on its own GPUs, the first of a class records it (see `_Shared`)."""
-        node = self.state.nodes.get(node_name)
+        class takes its class's answer on its own GPUs, the first of a class records it (see `_Shared`). `view`: the
+        node to evaluate instead of the state's (uncached callers only: no memo, no classes)."""
+        node = self.state.nodes.get(node_name) if view is None else view
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
         ckey: int | None = None

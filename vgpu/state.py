@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vgpu.annotations import Assignment, DeviceSlice
@@ -160,6 +161,40 @@ def slice_blocker(
     return None
 
 
+def _blocker(node: NodeState, assignment: Assignment, config: PlacementConfig) -> str | None:
+    """Why this assignment cannot go on `node` now (None = it can): `ClusterState.check` on a given node."""
+    extra: dict[str, list[int]] = {}
+    for c in assignment.containers:
+        for s in c.devices:
+            u = node.by_uuid.get(s.uuid)
+            if u is None:
+                return f"GPU {s.uuid} is not on node {assignment.node}"
+            e = extra.setdefault(s.uuid, [0, 0, 0, 0])
+            reason = slice_blocker(
+                u,
+                s.memory_mib,
+                s.cores,
+                assignment.role,
+                config,
+                extra_memory=e[0],
+                extra_cores=e[1],
+                extra_sharers=e[2],
+                extra_best_effort=e[3],
+            )
+            if reason is not None:
+                return (
+                    f"GPU {u.device.index} ({s.uuid}) on {assignment.node}: {reason} "
+                    f"(memory {u.memory_used + e[0]}+{s.memory_mib}/{u.device.memory_mib} MiB, "
+                    f"cores {u.cores_used + e[1]}+{s.cores}/{u.device.cores}, "
+                    f"sharers {u.sharers + e[2]}/{u.device.split_count})"
+                )
+            e[0] += s.memory_mib
+            e[1] += s.cores
+            e[2] += 1
+            e[3] += s.cores == 0
+    return None
+
+
 @dataclass(slots=True)
 class NodeState:
     inventory: NodeInventory
@@ -272,6 +307,49 @@ class NodeState:
         memo = self.class_memo = (self.version, key, first)
         return memo
 
+    def take(self, pod_key: str, a: Assignment, cpu_milli: int = 0, memory_mib: int = 0) -> None:
+        """Hold the pod's slices and host use (checked by the caller: `ClusterState.apply`) at a new version."""
+        for s in a.slices():
+            self.by_uuid[s.uuid].add(Holder(pod_key, a.role, a.model, s.memory_mib, s.cores))
+        self.pods[pod_key] = a
+        self.cpu_used += cpu_milli
+        self.memory_used += memory_mib
+        self.role_models[(a.role, a.model)] += 1
+        self.version += 1
+
+    def copy(self) -> NodeState:
+        """The same node and usage in new objects (`take` on it leaves this one as it is), at the same version; what
+        the inventory fixes is shared, what depends on the usage starts empty."""
+        gpus = [
+            GpuUsage(
+                u.device,
+                u.memory_used,
+                u.cores_used,
+                list(u.holders),
+                u.prefill,
+                u.decode,
+                u.best_effort,
+                u.key_memo,
+                u.id_memo,
+            )
+            for u in self.gpus
+        ]
+        out = NodeState(
+            self.inventory,
+            gpus,
+            {u.device.uuid: u for u in gpus},
+            self.cpu_used,
+            self.memory_used,
+            dict(self.pods),
+            Counter(self.role_models),
+            self.version,
+        )
+        out.topology_memo = self.topology_memo
+        out.positions_memo = self.positions_memo
+        out.healthy_memo = self.healthy_memo
+        out.static_memo = self.static_memo
+        return out
+
     @property
     def all_healthy(self) -> bool:
         """No GPU of the inventory is marked unhealthy (fixed for a NodeState, like its inventory)."""
@@ -377,36 +455,37 @@ class ClusterState:
         node = self.nodes.get(assignment.node)
         if node is None:
             return f"node {assignment.node} has no GPU inventory"
-        extra: dict[str, list[int]] = {}
-        for c in assignment.containers:
-            for s in c.devices:
-                u = node.by_uuid.get(s.uuid)
-                if u is None:
-                    return f"GPU {s.uuid} is not on node {assignment.node}"
-                e = extra.setdefault(s.uuid, [0, 0, 0, 0])
-                reason = slice_blocker(
-                    u,
-                    s.memory_mib,
-                    s.cores,
-                    assignment.role,
-                    self.config,
-                    extra_memory=e[0],
-                    extra_cores=e[1],
-                    extra_sharers=e[2],
-                    extra_best_effort=e[3],
-                )
-                if reason is not None:
-                    return (
-                        f"GPU {u.device.index} ({s.uuid}) on {assignment.node}: {reason} "
-                        f"(memory {u.memory_used + e[0]}+{s.memory_mib}/{u.device.memory_mib} MiB, "
-                        f"cores {u.cores_used + e[1]}+{s.cores}/{u.device.cores}, "
-                        f"sharers {u.sharers + e[2]}/{u.device.split_count})"
-                    )
-                e[0] += s.memory_mib
-                e[1] += s.cores
-                e[2] += 1
-                e[3] += s.cores == 0
-        return None
+        return _blocker(node, assignment, self.config)
+
+    def with_stand_ins(self, name: str, stand_ins: Iterable[tuple[str, Assignment]]) -> NodeState | None:
+        """Node `name` as `apply` of each of `stand_ins` (state key, assignment) in turn would leave it, as a copy:
+        one that does not fit beside those before it, names another node or a key already held is left out, as
+        `apply` refuses it. The state does not change and no version moves, so weighing a pod beside soft holds
+        (scheduler_extender.holds) leaves every memoised evaluation of the node valid. The node itself when no
+        stand-in is held; None when there is no such node.
+
+        The copy's version is the node's plus the stand-ins it holds, the one `apply` would have given the node, so a
+        policy that draws per version (randomfit) draws as it did when stand-ins were applied to the state. No cache
+        keyed by (name, version) sees a copy: it is never in `nodes` (callers evaluate it uncached), and its own
+        memos start empty."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        view: NodeState | None = None
+        for key, a in stand_ins:
+            if (
+                a.node != name
+                or key in self.assignments
+                or key in self.orphans
+                or (view is not None and key in view.pods)
+            ):
+                continue
+            if _blocker(node if view is None else view, a, self.config) is not None:
+                continue
+            if view is None:
+                view = node.copy()
+            view.take(key, a)
+        return node if view is None else view
 
     def apply(self, pod_key: str, assignment: Assignment, host: HostUse = HostUse()) -> None:
         """Record a pod's assignment; raises CapacityError and changes nothing if it does not fit."""
@@ -433,14 +512,8 @@ class ClusterState:
             self.conflicts[pod_key] = reason
             self._host[pod_key] = host
             return
-        for s in a.slices():
-            node.by_uuid[s.uuid].add(Holder(pod_key, a.role, a.model, s.memory_mib, s.cores))
-        node.pods[pod_key] = a
+        node.take(pod_key, a, host.cpu_milli, host.memory_mib)
         self.conflicts.pop(pod_key, None)
-        node.cpu_used += host.cpu_milli
-        node.memory_used += host.memory_mib
-        node.role_models[(a.role, a.model)] += 1
-        node.version += 1
         self.assignments[pod_key] = a
         self._host[pod_key] = host
         self._changed(a.node)
