@@ -170,7 +170,7 @@ def test_kubelet_restart_reregisters_and_serves_again(rig: Rig) -> None:
     admit(rig, pods[0])
     updates = rig.kubelet.state.device_updates
     rig.kubelet.restart()
-    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) == 2)
+    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) >= 2)
     # the new server's ListAndWatch sent the device list to the restarted kubelet (not counted before the restart)
     assert rig.kubelet.wait(lambda: rig.kubelet.state.device_updates > updates)
     for p in pods[1:]:
@@ -189,7 +189,7 @@ def test_plugin_restart_rebuilds_from_apiserver_and_kubelet(rig: Rig) -> None:
     rig.plugin.stop()
     rig.plugin = rig.new_plugin()
     rig.plugin.start()
-    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) == 2)
+    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) >= 2)
     for p in pods[10:]:
         admit(rig, p)
     rig.plugin.manager.drain()
@@ -291,7 +291,7 @@ def test_over_commit_by_two_assignments_is_refused_also_after_a_plugin_restart(r
     rig.plugin.stop()
     rig.plugin = rig.new_plugin()
     rig.plugin.start()
-    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) == 2)
+    assert rig.kubelet.wait(lambda: len(rig.kubelet.state.registrations) >= 2)
     third = placed(rig, "third", ("vllm", [(0, 8192, 50)]), i=3)
     msg = refused_over_grpc(rig, third)
     assert "would be over-committed: cores 60 + 50% > 100% (already held by 1 slice(s) of team/first)" in msg
