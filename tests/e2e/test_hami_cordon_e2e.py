@@ -77,7 +77,7 @@ def _gpu_of(pod: Any) -> str:
     return slices[0].uuid
 
 
-def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 30) -> str:
+def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for e in reversed(cp.pod_events(name, namespace)):

@@ -51,7 +51,7 @@ def _gpus_of(pod: Any) -> list[str]:
     return [d.uuid for d in ann.decode_assignment(pod.metadata.annotations[ann.POD_ASSIGNMENT]).slices()]
 
 
-def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 30) -> str:
+def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for e in reversed(cp.pod_events(name, namespace)):

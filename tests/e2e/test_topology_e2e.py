@@ -76,7 +76,7 @@ def _pod(name: str, selector: dict[str, str], gpus: int, annotations: dict[str, 
     }
 
 
-def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 30) -> str:
+def _failed_scheduling(cp: ControlPlane, name: str, namespace: str, text: str, timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for e in reversed(cp.pod_events(name, namespace)):
