@@ -124,7 +124,7 @@ def _fill(core: client.CoreV1Api, cp: ControlPlane, ns: str, sel: dict[str, str]
         time.sleep(1.1)  # creationTimestamp has 1 s resolution: "youngest" must be well defined
 
 
-def _preempted_events(core: client.CoreV1Api, ns: str, want: set[str], timeout: float = 30) -> set[str]:
+def _preempted_events(core: client.CoreV1Api, ns: str, want: set[str], timeout: float = 60) -> set[str]:
     """The pods with a Preempted event, once `want` are among them (or as they are after `timeout`): kube-scheduler
     sends its events from a goroutine of their own, so a victim's event may reach the apiserver after the preemptor
     was bound."""

@@ -46,7 +46,7 @@ class _Inventory:
         return True
 
 
-def _quota_refuses(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], timeout: float = 30) -> None:
+def _quota_refuses(core: client.CoreV1Api, namespace: str, pod: dict[str, Any], timeout: float = 60) -> None:
     """Wait until a dry-run create of `pod` is refused by the quota (the admission plugin's informer has caught up)."""
     deadline = time.monotonic() + timeout
     while True:
