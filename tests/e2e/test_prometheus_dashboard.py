@@ -160,7 +160,7 @@ def prometheus(tmp_path: Path, exporters: dict[str, int], prometheus_bin: str) -
 
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5).json()
+    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=30).json()  # a slow answer is not a wrong one
     assert r["status"] == "success", f"{expr}: {r}"
     return list(r["data"]["result"])
 

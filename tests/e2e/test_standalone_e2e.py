@@ -120,11 +120,11 @@ def _hosts(tmp: Path, shared: Path, port: int) -> Iterator[list[subprocess.Popen
 
 
 def _scrape(address: str, port: int) -> str:
-    with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=30) as r:  # slow is not wrong
         return str(r.read().decode())
 
 
-def _wait(check: Any, what: str, procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> Any:
+def _wait(check: Any, what: str, procs: list[subprocess.Popen[bytes]], timeout: float = 90.0) -> Any:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
