@@ -59,7 +59,7 @@ def _scraped_since(url: str, job: str, when: float, timeout: float = 60.0) -> No
     deadline = time.monotonic() + timeout
     latest = None
     while True:
-        r = httpx.get(f"{url}/api/v1/query", params={"query": f'timestamp(up{{job="{job}"}})'}, timeout=5).json()
+        r = httpx.get(f"{url}/api/v1/query", params={"query": f'timestamp(up{{job="{job}"}})'}, timeout=30).json()
         stamps = [float(s["value"][1]) for s in r["data"]["result"]] if r.get("status") == "success" else []
         latest = max(stamps, default=None)
         if latest is not None and latest >= when:
@@ -110,7 +110,12 @@ def replayed(tmp_path: Path, prometheus_bin: str) -> Iterator[tuple[str, float, 
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
             assert time.monotonic() < deadline, "prometheus not ready in 60 s"
             time.sleep(0.2)
-        clock["start"] = time.time() + 3
+        # The replay starts once Prometheus holds a scrape of every exporter (its zeros: the clock is not started yet).
+        # A fixed 3 s after /-/ready was once enough; a loaded machine may take longer to the first scrape.
+        first = time.time()
+        for name in servers:
+            _scraped_since(url, name, first - 3600)
+        clock["start"] = time.time() + 1
         yield url, clock["start"], offline
     finally:
         proc.terminate()
