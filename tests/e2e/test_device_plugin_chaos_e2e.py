@@ -147,7 +147,7 @@ class PluginNode:
         ]
         self.procs.append(PluginProcess(argv, self.cp.logs_dir / f"{self.name}-plugin-{len(self.procs) + 1}.log"))
         assert self.kubelet.wait(lambda: len(self.kubelet.state.registrations) >= want, timeout=60), self.proc.tail()
-        assert self.kubelet.wait(lambda: self.kubelet.state.device_updates > updates, timeout=30), self.proc.tail()
+        assert self.kubelet.wait(lambda: self.kubelet.state.device_updates > updates, timeout=90), self.proc.tail()
         assert len(self.kubelet.state.devices) == 8 * SPLIT
 
     def kill_plugin(self) -> None:
@@ -380,9 +380,9 @@ def test_kubelet_restart_reregisters_and_keeps_served_slices(node: PluginNode) -
     registrations, updates = len(node.kubelet.state.registrations), node.kubelet.state.device_updates
     t0 = time.monotonic()
     node.kubelet.restart()
-    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) > registrations, timeout=30)
+    assert node.kubelet.wait(lambda: len(node.kubelet.state.registrations) > registrations, timeout=90)
     registered = time.monotonic() - t0
-    assert node.kubelet.wait(lambda: node.kubelet.state.device_updates > updates, timeout=30)
+    assert node.kubelet.wait(lambda: node.kubelet.state.device_updates > updates, timeout=90)
     listed = time.monotonic() - t0
     assert len(node.kubelet.state.devices) == 8 * SPLIT
     assert node.proc.alive(), "the plugin exited on the kubelet restart"
