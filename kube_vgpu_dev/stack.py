@@ -118,8 +118,10 @@ class Extender:
         self.proc: ManagedProcess | None = None
         self.starts = 0
 
-    def start(self, *, ready_timeout_s: float = 60.0) -> None:
-        """Start the process and wait until /readyz says ok (its state synced from the apiserver)."""
+    def start(self, *, ready_timeout_s: float = 120.0) -> None:
+        """Start the process and wait until /readyz says ok (its state synced from the apiserver). 120 s: late in a
+        session the cluster holds every earlier module's nodes and pods for its first lists, on a loaded machine; it
+        returns as soon as the extender is ready, and a process that exits fails at once."""
         self.starts += 1
         argv = [
             sys.executable,
