@@ -57,7 +57,7 @@ class Rig:
         return self.kubelet.admit(p.key, [(c.name, len(c.devices)) for c in p.assignment.containers])[0]
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as r:
             return str(r.read().decode())
 
 
@@ -111,7 +111,7 @@ def mps_rig() -> Iterator[Rig]:
 
 def test_mps_daemon_runs_with_the_plugin_and_clients_get_its_folders(mps_rig: Rig) -> None:
     r = mps_rig
-    assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=20)
+    assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=60)
     assert r.nvml.compute_modes == {0: 3, 1: 3}
     assert commands(fake_paths(r.root))[0].startswith("-d pipe=")
     p = r.pod(0)
@@ -133,7 +133,7 @@ def test_mps_daemon_runs_with_the_plugin_and_clients_get_its_folders(mps_rig: Ri
 def test_allocate_is_refused_while_the_daemon_is_down_and_served_once_it_is_back(mps_rig: Rig) -> None:
     r = mps_rig
     paths = fake_paths(r.root)
-    assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=20)
+    assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=60)
     (Path(paths.pipe_dir) / "fail-start").write_text("MPS server failed to start")
     crash(paths)
     assert r.kubelet.wait(lambda: r.healthy() == {"Unhealthy"}, timeout=30)

@@ -43,7 +43,7 @@ def rig(request: pytest.FixtureRequest) -> Iterator[tuple[str, Rig]]:
     root = Path(tempfile.mkdtemp(prefix="rp"))  # short: Unix socket paths are limited to 108 bytes
     r = _rig(root, mps=mode == "mps", hami=mode == "hami-core")
     try:
-        assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=20)
+        assert r.kubelet.wait(lambda: len(r.kubelet.state.devices) == 20 and r.healthy() == {"Healthy"}, timeout=60)
         yield mode, r
     finally:
         r.plugin.stop()
