@@ -176,18 +176,32 @@ class ExtenderService:
                 # Names without an inventory fail here with one shared message, outside the planner's per-shape
                 # caches, so a flood of unknown names costs one set lookup each and is never remembered.
                 known = self._known_names("filter", names)
-                evaluation = self._evaluate_held(args.Pod, info, known)
-                if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation
-                    unknown = dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY)
-                    evaluation = dataclasses.replace(evaluation, failed={**evaluation.failed, **unknown})
-                if self.options.narrow_filter:
-                    evaluation = self.planner.narrow(evaluation)
+                evaluation: Evaluation | None = None
+                if (
+                    items is None
+                    and not self.options.narrow_filter
+                    and not (self.books.nominated or self.books.pending)
+                ):
+                    # The common call (names, no narrowing, no preemptor holding room): no subset evaluation is built.
+                    passed, failed, unresolvable = self.planner.filter_names(info, known)
+                else:
+                    evaluation = self._evaluate_held(args.Pod, info, known)
+                    failed, unresolvable = evaluation.failed, evaluation.unresolvable
+                if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation's dicts
+                    failed = {**failed, **dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY)}
+                    if evaluation is not None:
+                        evaluation = dataclasses.replace(evaluation, failed=failed)
+                if evaluation is not None:
+                    if self.options.narrow_filter:
+                        evaluation = self.planner.narrow(evaluation)
+                    failed, unresolvable = evaluation.failed, evaluation.unresolvable
+                    # Unknown names are never feasible, so the answer in `known`'s order is the answer in `names`'.
+                    # /prioritize gets this list back: it is the planner's to recognise, and ours (`_known_names`).
+                    passed = [] if items is not None else self.planner.passing(info, known, evaluation)
+                fits = bool(passed) if evaluation is None else bool(evaluation.feasible)
                 # Recorded under the same lock as the evaluation: a release right after it nudges this pod.
-                self.pending.filtered(info.key, uid, fits=bool(evaluation.feasible))
-                # Unknown names are never feasible, so the answer in `known`'s order is the answer in `names`' order.
-                # /prioritize gets this list back: it is the planner's to recognise, and ours (`_known_names`).
-                passed = None if items is not None else self.planner.passing(info, known, evaluation)
-                if passed is not None:
+                self.pending.filtered(info.key, uid, fits=fits)
+                if items is None:
                     self._known_memo["prioritize"] = (passed, self.state.names_version, passed)
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
@@ -197,13 +211,12 @@ class ExtenderService:
                 failed={},
                 unresolvable=dict.fromkeys(names, str(exc)),
             )
-        if not evaluation.feasible:
+        if not fits:
             self.metrics.filter_failure("no-fit")
-        if passed is None:
+        if items is not None:
+            assert evaluation is not None
             return _filter_result(names, items, evaluation)
-        return schema.filter_result(
-            node_names=passed, nodes=None, failed=evaluation.failed, unresolvable=evaluation.unresolvable
-        )
+        return schema.filter_result(node_names=passed, nodes=None, failed=failed, unresolvable=unresolvable)
 
     def _known_names(self, verb: str, names: list[str]) -> list[str]:
         """`names` that have an inventory, in order; the list kept from the verb's last call when nothing changed."""

@@ -12,6 +12,8 @@ import bisect
 import dataclasses
 import functools
 import heapq
+import itertools
+import operator
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -55,6 +57,17 @@ class _Memo:
     # `evaluation` (asked over `names`). /prioritize gets that very list back: while the version holds, it needs no
     # check that its names are known, fresh or exactly the feasible ones.
     passed: tuple[list[str], int, bool] | None = None
+    # The rank mapping's key of each feasible node of `evaluation`, made on first use and dropped with its score.
+    keys: RankKeys = field(init=False)
+    # Every feasible node in the rank mapping's order, once /prioritize asked about a subset twice (`_top`).
+    order: _Order | None = None
+    ranked_subsets: int = 0
+    # `ClusterState.names_version` when `name_set` held every node of the state (-1: it did not): while it has not
+    # moved, names that have an inventory are all in `name_set`, and /filter's are not looked up again to know it.
+    covers: int = -1
+
+    def __post_init__(self) -> None:
+        self.keys = RankKeys(self.evaluation.scores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +179,69 @@ def _pick(mapping: dict[str, _V], names: list[str]) -> dict[str, _V]:
     """The entries of `names` that `mapping` has, in `names`' order (`{n: mapping[n] for n in names if n in mapping}`)."""
     kept = list(filter(mapping.__contains__, names))
     return dict(zip(kept, map(mapping.__getitem__, kept), strict=True))
+
+
+class RankKeys(dict[str, tuple[float, int]]):
+    """(score, `_tiebreak`) of feasible nodes, the rank mapping's order key, each made on its first lookup from
+    `scores` (a miss calls `__missing__`; a hit is the C lookup a sort or `heapq.nlargest` calls). The owner drops a
+    node's key whenever its score leaves `scores`."""
+
+    __slots__ = ("scores",)
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        super().__init__()
+        self.scores = scores
+
+    def __missing__(self, name: str) -> tuple[float, int]:
+        key = self[name] = (self.scores[name], _tiebreak(name))
+        return key
+
+
+def _top_of(keys: RankKeys, names: list[str]) -> dict[str, int]:
+    """`_rank_of(keys.scores, names, scored=True)` (every name feasible): the ten largest keys in one pass, as
+    `sorted(..., reverse=True)[:10]` orders them (equal keys in `names`' order), where `_rank_of` sorted and
+    tie-broke the hundreds of nodes tied at the best score. A name asked twice among them: `_rank_of`'s way."""
+    top = heapq.nlargest(MAX_PRIORITY, names, key=keys.__getitem__)
+    if len(set(top)) < len(top):
+        return _rank_of(keys.scores, names, scored=True)
+    return {n: MAX_PRIORITY - i for i, n in enumerate(top)}
+
+
+@dataclass(slots=True)
+class _Order:
+    """Every feasible node of a memoised evaluation in the rank mapping's order (`RankKeys` descending; equal keys in
+    any order): the best ten of a subset are the first ten of its nodes along it, found by a C-level filter that stops
+    there (~10 % of the nodes asked: ~100 steps), where `heapq.nlargest` looks at every node asked. A changed node
+    leaves and comes back by bisect."""
+
+    names: list[str]
+    keys: RankKeys
+
+    @classmethod
+    def of(cls, keys: RankKeys) -> _Order:
+        """Two sorts with C-level keys, as `Ranked.of` (a sort on the key tuples cost twice as much)."""
+        names = list(keys.scores)
+        names.sort(key=_tiebreak, reverse=True)
+        names.sort(key=keys.scores.__getitem__, reverse=True)
+        return cls(names, keys)
+
+    def _neg(self, name: str) -> tuple[float, int]:
+        score, crc = self.keys[name]
+        return (-score, -crc)
+
+    def drop(self, name: str) -> None:
+        """`name` leaves (its key still in `keys`, and every other node's)."""
+        at = bisect.bisect_left(self.names, self._neg(name), key=self._neg)
+        while self.names[at] != name:  # another node with an equal key (a crc collision) comes first
+            at += 1
+        del self.names[at]
+
+    def add(self, name: str) -> None:
+        self.names.insert(bisect.bisect_right(self.names, self._neg(name), key=self._neg), name)
+
+    def first(self, names: list[str], count: int) -> list[str]:
+        """The first `count` nodes of `names` (feasible nodes of this evaluation, each once or more) in this order."""
+        return list(itertools.islice(filter(set(names).__contains__, self.names), count))
 
 
 def _rank_of(scores: dict[str, float], names: list[str], *, scored: bool = False) -> dict[str, int]:
@@ -507,9 +583,10 @@ class Planner:
         return classes
 
     def _memo_for(
-        self, pod: PodInfo, names: list[str]
+        self, pod: PodInfo, names: list[str], *, known_names: bool = False
     ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
-        """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them."""
+        """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them. `known_names`:
+        every name has an inventory (the extender leaves the others out first)."""
         policy, rank = self._resolve(pod)
         key: tuple[object, ...] = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
         memo_key = self._memo_key(key, pod, policy)
@@ -531,7 +608,13 @@ class Planner:
         known = (
             memo is not None and memo.passed is not None and memo.passed[0] is names and memo.passed[1] == memo.version
         )
-        if memo is not None and not known and memo.names != names and not memo.name_set.issuperset(names):
+        if (
+            memo is not None
+            and not known
+            and not (known_names and memo.covers == self.state.names_version)
+            and memo.names != names
+            and not memo.name_set.issuperset(names)
+        ):
             memo = None
         if memo is not None and memo.stale and not known:
             self._freshen(memo, names, cache, pod, policy, rank, fits, classes)
@@ -543,6 +626,9 @@ class Planner:
                 for name in names:
                     self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
             memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
+            nodes = self.state.nodes
+            if len(memo.name_set) >= len(nodes) and memo.name_set.issuperset(nodes):
+                memo.covers = self.state.names_version
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
         return memo, cache, policy, rank
@@ -573,6 +659,26 @@ class Planner:
             memo.passed = (out, memo.version, len(out) == len(evaluation.feasible))
         return out
 
+    def filter_names(self, pod: PodInfo, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """/filter's answer over `names`, each of which has an inventory: the feasible names in order (remembered for
+        `priorities_for` as `passing` remembers them), the failed and the unresolvable ones with their reasons. What
+        `evaluate` then `passing` answer, without the subset's feasible and score dicts (/filter reads neither) and
+        with one lookup of each name: every name asked that is not feasible is failed or unresolvable."""
+        memo = self._memo_for(pod, names, known_names=True)[0]
+        ev = memo.evaluation
+        flags = list(map(ev.feasible.__contains__, names))
+        passed = list(itertools.compress(names, flags))
+        if names is memo.names or names == memo.names:  # every node: the memoised evaluation's own dicts
+            memo.passed = (passed, memo.version, len(passed) == len(ev.feasible))
+            return passed, ev.failed, ev.unresolvable
+        memo.passed = (passed, memo.version, False)
+        if len(passed) == len(names):
+            return passed, {}, {}
+        rest = list(itertools.compress(names, map(operator.not_, flags)))
+        if not ev.unresolvable:
+            return passed, dict(zip(rest, map(ev.failed.__getitem__, rest), strict=True)), {}
+        return passed, _pick(ev.failed, rest), _pick(ev.unresolvable, rest)
+
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
         """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
 
@@ -600,13 +706,30 @@ class Planner:
             if passed[2]:
                 return self.priorities(memo.evaluation)
             if self.config.priority_mapping == "rank":
-                return _rank_of(memo.evaluation.scores, node_names, scored=True)
+                return self._top(memo, node_names)
         feasible = memo.evaluation.feasible
         if len(node_names) == len(feasible) and feasible.keys() == set(node_names):  # exactly the feasible nodes
             return self.priorities(memo.evaluation)
         if self.config.priority_mapping == "rank":  # the best ten of the names, without a subset evaluation
             return _rank_of(memo.evaluation.scores, node_names)
         return self.priorities(self.evaluate(pod, node_names))
+
+    @staticmethod
+    def _top(memo: _Memo, names: list[str]) -> dict[str, int]:
+        """The rank mapping of `names`, feasible nodes of `memo`'s evaluation (/filter's answer): `_top_of`, or along
+        the memo's `_Order` once the shape's subsets were ranked before (a memo kept per pod is ranked once: no order
+        is built for it). Equal keys among the first eleven (a crc collision) keep `names`' order: `_top_of`'s way."""
+        order = memo.order
+        if order is None:
+            memo.ranked_subsets += 1
+            if memo.ranked_subsets < 2:
+                return _top_of(memo.keys, names)
+            order = memo.order = _Order.of(memo.keys)
+        top = order.first(names, MAX_PRIORITY + 1)
+        keys = memo.keys
+        if len(set(map(keys.__getitem__, top))) < len(top):
+            return _top_of(keys, names)
+        return {n: MAX_PRIORITY - i for i, n in enumerate(top[:MAX_PRIORITY])}
 
     def cached_result(self, node_name: str, pod: PodInfo) -> NodeResult:
         """`evaluate_node`'s answer, taken from this pod shape's per-node cache while the node has not changed since it
@@ -628,8 +751,15 @@ class Planner:
         ev = memo.evaluation
         touched = changed & memo.name_set
         if touched:
+            order = memo.order
+            if order is not None:  # before any key goes: bisect reads the keys of the nodes it passes
+                for name in touched:
+                    if name in ev.scores:
+                        order.drop(name)
+            keys = memo.keys
             for name in touched:
                 ev.scores.pop(name, None)
+                keys.pop(name, None)
                 ev.feasible.pop(name, None)
                 ev.failed.pop(name, None)
                 ev.unresolvable.pop(name, None)
@@ -661,6 +791,10 @@ class Planner:
         order = sorted(due)
         for name in order:
             self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+        if memo.order is not None:
+            for name in order:
+                if name in ev.scores:
+                    memo.order.add(name)
         memo.stale = set() if due is memo.stale else memo.stale - due
         ev.priorities = None
         if ev.ranked is not None:

@@ -17,8 +17,9 @@ import pytest
 
 from tests.conftest import make_assignment, make_info, make_node
 from tests.unit.test_fit_fast import SHAPES, _cluster
+from vgpu import planner as planner_module
 from vgpu.devices import Cordon
-from vgpu.planner import Evaluation, Planner, Ranked, _rank_of, to_priorities
+from vgpu.planner import Evaluation, Planner, Ranked, RankKeys, _rank_of, _top_of, to_priorities
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import ClusterState
@@ -186,3 +187,85 @@ def test_the_best_ten_of_a_subset_are_those_of_its_own_evaluation() -> None:
         sub = {x: scores[x] for x in names if x in scores}
         want = Ranked.of(sub, 64).priorities() if sub else {}
         assert _rank_of(scores, names) == want, (scores, names)
+
+
+def test_top_of_is_rank_of_for_feasible_names() -> None:
+    """`_top_of` (one `heapq.nlargest` pass over the memo's `RankKeys`) against `_rank_of` on /filter-like answers:
+    every name feasible, many ties, names asked twice among the best and elsewhere, fewer than ten."""
+    rng = random.Random(6)
+    for _ in range(3000):
+        pool = [f"n{i}" for i in range(rng.randrange(1, 40))]
+        scores = {x: rng.choice([0.1, 0.2, 0.3, 0.3, 1, 2, 3]) for x in pool}
+        names = [rng.choice(pool) for _ in range(rng.randrange(0, 50))]
+        assert _top_of(RankKeys(scores), names) == _rank_of(scores, names, scored=True), (scores, names)
+
+
+def _check_order(p: Planner) -> None:
+    """Each memo's `_Order` holds exactly its evaluation's feasible nodes, by key descending."""
+    for memo in p._memo.values():
+        if memo.order is not None:
+            got = memo.order.names
+            assert sorted(got) == sorted(memo.evaluation.scores)
+            keys = [memo.keys[n] for n in got]
+            assert keys == sorted(keys, reverse=True)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ["default", "fgd", "random", "binpack"])
+def test_filter_names_answers_as_evaluate_and_passing(seed: int, policy: str) -> None:
+    """/filter's planner call (`Planner.filter_names`: no subset evaluation) against `evaluate` + `passing` on the same
+    state: the same NodeNames, FailedNodes in the same order, the same unresolvable nodes; and /prioritize over its
+    answer (the rank order kept per memo, `_Order`, after the first) ranks as the full path, through binds, releases,
+    cordons and nodes leaving, between /filter and /prioritize too."""
+    state = _cluster(seed, policy, nodes=40)
+    p = Planner(state)
+    rng = random.Random(seed)
+    pods = [make_info(f"s{i}", **kw) for i, kw in enumerate(SHAPES)]  # type: ignore[arg-type]
+    for pod in pods:
+        p.evaluate(pod)
+    start = 0
+    ordered = 0
+    for step in range(80):
+        pod = rng.choice(pods)
+        names = sorted(state.nodes)
+        size = rng.choice([5, 9, 14, len(names)])
+        asked = [names[(start + k) % len(names)] for k in range(size)]
+        start = (start + size) % len(names)
+        if step % 7 == 3:
+            asked += asked[:2]  # a name asked twice
+        ev = p.evaluate(pod, list(asked))
+        want_passed = p.passing(pod, asked, ev)
+        want_failed, want_unresolvable = dict(ev.failed), dict(ev.unresolvable)
+        passed, failed, unresolvable = p.filter_names(pod, asked)
+        assert passed == want_passed
+        assert list(failed.items()) == list(want_failed.items())
+        assert unresolvable == want_unresolvable
+        if step % 4 == 1 and passed:  # a bind between /filter and /prioritize: the list is not taken on trust
+            _change(state, p, rng, step, passed[:1])
+        want = to_priorities(_oracle(p, pod, passed).scores, state.config.priority_mapping)
+        assert p.priorities_for(pod, passed) == want
+        _check_order(p)
+        ordered += any(m.order is not None for m in p._memo.values())
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            _change(state, p, rng, step, asked)
+    if policy != "random":  # per-pod memos are ranked once each: no order is kept for them
+        assert ordered > 40
+
+
+def test_equal_keys_among_the_best_keep_the_names_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crc collision (equal score and tie-break) among the first eleven along the kept order: `_top_of`'s answer,
+    in which equal keys keep the order asked, not the kept order's."""
+    monkeypatch.setattr(planner_module, "_tiebreak", lambda name: len(name))  # every name of a length collides
+    monkeypatch.setattr(planner_module, "_CRCS", {})
+    state = _cluster(0, "default", nodes=40)
+    p = Planner(state)
+    pod = make_info("s", **SHAPES[0])  # type: ignore[arg-type]
+    names = sorted(state.nodes)
+    p.evaluate(pod, names)
+    for step in range(6):
+        asked = list(reversed(names[step * 5 : step * 5 + 25]))
+        passed, _, _ = p.filter_names(pod, asked)
+        got = p.priorities_for(pod, passed)
+        assert got == _rank_of(p.evaluate(pod, names).scores, passed, scored=True)
+        assert got == to_priorities({n: p.evaluate_node(n, pod).score for n in passed})
+    assert any(m.order is not None for m in p._memo.values())
