@@ -20,7 +20,9 @@ PODS = 200
 def report() -> dict[str, Any]:
     if os.environ.get("KUBE_VGPU_SKIP_E2E") == "1":
         pytest.skip("KUBE_VGPU_SKIP_E2E=1: end-to-end tests against a real control plane are skipped")
-    r = run(Config(nodes=50, pods=PODS, rate=50, waves=1, settle_s=8))
+    # A wave ends once no pod has been bound for settle_s (or all are): 30 s, so a loaded machine's pause of
+    # kube-scheduler (its backoff, a CPU-starved apiserver) does not end the baseline's wave short of its 200 binds.
+    r = run(Config(nodes=50, pods=PODS, rate=50, waves=1, settle_s=30))
     print_report(r)
     return r
 
@@ -37,7 +39,8 @@ def test_report_has_every_field_and_each_arm_measured_what_it_claims(report: dic
     assert base["bound"] == PODS and ext["bound"] >= PODS * 0.95, (base["bound"], ext["bound"])
     # The baseline's pods ask for no GPU: kube-scheduler never called the extender and bound them itself.
     assert base["extender_verb_calls"] == 0
-    assert base["requests_per_pod"][SCHEDULER_USER]["create pods/binding"] == 1.0
+    # One Binding a pod; a bind that kube-scheduler retried (a timeout on a loaded machine) may add one.
+    assert 1.0 <= base["requests_per_pod"][SCHEDULER_USER]["create pods/binding"] < 1.05
     assert base["requests_per_pod"][EXTENDER_USER].get("create pods/binding", 0) == 0
     # The extender arm went through filter/prioritize/bind, and the extender (not kube-scheduler) bound the pods.
     assert ext["extender_verb_calls"] >= 3 * ext["bound"]
