@@ -153,8 +153,10 @@ def test_critical_xid_turns_replicas_unhealthy_and_updates_inventory(rig: Rig) -
     assert len(healthy) == 70 and all(d.health == "Healthy" for d in healthy)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        gpus = ann.decode_inventory(rig.pods.node_annotations[NODE][ann.NODE_INVENTORY])
-        if not gpus[2].healthy:
+        # the publisher writes on its own thread: the first annotation may not be there yet
+        raw = rig.pods.node_annotations.get(NODE, {}).get(ann.NODE_INVENTORY)
+        gpus = ann.decode_inventory(raw) if raw else ()
+        if gpus and not gpus[2].healthy:
             break
         time.sleep(0.05)
     assert [g.healthy for g in gpus] == [True, True, False, True, True, True, True, True]
