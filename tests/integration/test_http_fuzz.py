@@ -82,7 +82,7 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
         max_gpus_per_node=8,
     )
     srv = build_server(cfg, StaticInventory(max_gpu_memory_mib=81920, max_gpus_per_node=8), CollectorRegistry())
-    srv.start()
+    srv.start(timeout=60)  # the in-process server on a loaded 2-core machine: 10 s by default
     with httpx.Client(
         base_url=f"https://127.0.0.1:{srv.port}",
         verify=ssl.create_default_context(cafile=str(pki.ca_cert)),

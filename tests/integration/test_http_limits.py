@@ -59,7 +59,7 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
         request_read_timeout_seconds=READ_TIMEOUT_S,
     )
     srv = build_server(cfg, StaticInventory(max_gpu_memory_mib=81920, max_gpus_per_node=8), CollectorRegistry())
-    srv.start()
+    srv.start(timeout=60)  # the in-process server on a loaded 2-core machine: 10 s by default
     yield srv
     srv.tls.stop()
     srv.stop()

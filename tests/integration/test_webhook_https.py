@@ -46,7 +46,7 @@ def server(pki: certs.CertPaths) -> Iterator[TlsServer]:
         max_gpus_per_node=8,
     )
     inventory = StaticInventory(max_gpu_memory_mib=81920, max_gpus_per_node=8)
-    srv = build_server(cfg, inventory, CollectorRegistry()).start()
+    srv = build_server(cfg, inventory, CollectorRegistry()).start(timeout=60)  # 10 s by default: a loaded box
     yield srv
     srv.tls.stop()
     srv.stop()
