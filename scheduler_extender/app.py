@@ -46,6 +46,11 @@ MAX_JSON_VALUES = 200_000
 # takes a few hundred ms when the apiserver keeps up (15 in flight at 50 pods/s); when it does not, more concurrent
 # writes only queue there and time out together.
 BIND_THREADS = 32
+# Threads for /filter, /prioritize and /preempt. kube-scheduler calls the first two one pod at a time (its scheduling
+# cycle is serial) and they take the state lock, so more threads would only queue there. A pool of our own, not
+# anyio's (starlette.concurrency.run_in_threadpool): its capacity limiter, cancel scope and context copy were ~10 % of
+# the event loop thread's CPU in benchmarks/scale.py, paid twice a pod.
+VERB_THREADS = 8
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -97,9 +102,10 @@ def create_app(
     (off when --health-port serves them on their own port)."""
 
     # /bind waits on apiserver round trips (a second and more under load, benchmarks/scale.py): on threads of its
-    # own it never takes the worker threads (anyio's 40) that /filter and /prioritize, kube-scheduler's serial
-    # scheduling cycle, need.
+    # own it never takes the worker threads that /filter and /prioritize, kube-scheduler's serial scheduling cycle,
+    # need.
     bind_threads = concurrent.futures.ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="bind")
+    verb_threads = concurrent.futures.ThreadPoolExecutor(VERB_THREADS, thread_name_prefix="verb")
 
     def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any]) -> Route:
         hist = service.metrics.latency.labels(verb)
@@ -116,11 +122,8 @@ def create_app(
                     raise TooLarge(f"{verb}: {values} JSON values; at most {max_values} allowed (--max-json-values)")
                 # One worker-thread hop for parse and verb: each hop is a queue hand-over and a thread wake-up,
                 # paid three times a pod (filter, prioritize, bind) on kube-scheduler's serial scheduling cycle.
-                if verb == "bind":
-                    loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(bind_threads, _serve, body, verb, model, call)
-                else:
-                    result = await run_in_threadpool(_serve, body, verb, model, call)
+                threads = bind_threads if verb == "bind" else verb_threads
+                result = await asyncio.get_running_loop().run_in_executor(threads, _serve, body, verb, model, call)
                 del body
             except ClientDisconnect:  # gone, or cut by the read deadline (vgpu_http.guard)
                 return Response(status_code=400)
