@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -20,6 +21,14 @@ from kube_vgpu_dev.processes import free_port
 # extender is another process on a loaded 2-core machine, and a /bind with --persist fsyncs the cluster file while
 # other binds wait their turn (24 concurrent binds took 2.2 s each on a lightly loaded machine). A hang still fails.
 HTTP_TIMEOUT_S = 30.0
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -80,6 +89,12 @@ def running_extender(
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"extender did not become healthy within {startup_timeout} s")
+            time.sleep(0.1)
+        # With --health-port the probes answer from a thread started before the verbs' server binds its port: a
+        # first request right after /healthz passed met "connection refused" on a loaded machine. Wait for the port.
+        while probe != url and not _accepts(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"extender's port {port} not listening within {startup_timeout} s")
             time.sleep(0.1)
         yield url
     finally:
