@@ -199,6 +199,7 @@ def apiserver() -> Iterator[tuple[KubeBinder, type[_Apiserver]]]:
     conf = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
     yield KubeBinder(client.CoreV1Api(client.ApiClient(conf))), handler
     server.shutdown()
+    server.server_close()  # the listening socket; a handler still sleeping (a daemon thread) is not waited for
 
 
 def test_kube_binder_sends_one_binding_carrying_the_assignment_on_the_version_given(

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from scheduler_extender.app import create_app
 from scheduler_extender.kube import KubeBinder
 from scheduler_extender.preempt import PENDING_NOMINATION_S
-from scheduler_extender.service import ExtenderService
+from scheduler_extender.service import ExtenderService, ServiceOptions
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
@@ -299,7 +299,10 @@ def test_a_binding_refused_by_a_status_write_in_between_is_sent_again_only_on_th
         conf = kclient.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
         state = ClusterState()
         state.upsert_node(NodeInventory("a", (GpuDevice("GPU-a-0", 0, "H100", MIB),)))
-        svc = ExtenderService(state, KubeBinder(kclient.CoreV1Api(kclient.ApiClient(conf))))
+        # kube-scheduler's 5 s httpTimeout would be the deadline of the three apiserver calls; 30 s, so a loaded
+        # machine's stall ends no call early (the retry path is the behaviour here, not the deadline)
+        binder = KubeBinder(kclient.CoreV1Api(kclient.ApiClient(conf)))
+        svc = ExtenderService(state, binder, options=ServiceOptions(bind_timeout_s=30.0))
         watched = _pod("p", 1000, 0)
         watched["metadata"]["resourceVersion"] = "7"
         svc.pod_event("ADDED", watched)
@@ -316,6 +319,7 @@ def test_a_binding_refused_by_a_status_write_in_between_is_sent_again_only_on_th
             assert ann.decode_assignment(second[ann.POD_ASSIGNMENT]) == svc.state.assignments["ns/p"]
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_nodes_past_the_time_budget_are_left_out() -> None:

@@ -66,6 +66,7 @@ def server() -> Iterator[tuple[client.CoreV1Api, type[_Pods]]]:
     conf = client.Configuration(host=f"http://127.0.0.1:{srv.server_address[1]}")
     yield client.CoreV1Api(client.ApiClient(conf)), handler
     srv.shutdown()
+    srv.server_close()
 
 
 def test_events_split_across_chunks_bookmarks_and_410(server: tuple[client.CoreV1Api, type[_Pods]]) -> None:
