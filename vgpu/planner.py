@@ -218,11 +218,15 @@ class _Order:
     keys: RankKeys
 
     @classmethod
-    def of(cls, keys: RankKeys) -> _Order:
-        """Two sorts with C-level keys, as `Ranked.of` (a sort on the key tuples cost twice as much)."""
-        names = list(keys.scores)
-        names.sort(key=_tiebreak, reverse=True)
-        names.sort(key=keys.scores.__getitem__, reverse=True)
+    def of(cls, keys: RankKeys, by_crc: list[str]) -> _Order:
+        """A stable sort by score of the feasible nodes taken in tie-break order from `by_crc` (every node of the
+        state, `_tiebreak` descending: the same for every shape): crc32 values are multi-digit ints, which a sort
+        compares slowly, and a fresh sort of them for each shape was most of a build."""
+        scores = keys.scores
+        names = list(filter(scores.__contains__, by_crc))
+        if len(names) != len(scores):  # a feasible node the state no longer has (refreshed away at the next change)
+            names = sorted(scores, key=_tiebreak, reverse=True)
+        names.sort(key=scores.__getitem__, reverse=True)
         return cls(names, keys)
 
     def _neg(self, name: str) -> tuple[float, int]:
@@ -398,6 +402,7 @@ class Planner:
         self._shapes: OrderedDict[tuple[object, ...], ShapeMemo] = OrderedDict()  # per (pod shape, config)
         # Per `_cache` key: each node class's evaluation (see `_Shared`), for the policies and shapes it holds for.
         self._classes: OrderedDict[tuple[object, ...], Classes] = OrderedDict()
+        self._crc_order: tuple[int, list[str]] | None = None  # `_by_crc`
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -714,8 +719,14 @@ class Planner:
             return _rank_of(memo.evaluation.scores, node_names)
         return self.priorities(self.evaluate(pod, node_names))
 
-    @staticmethod
-    def _top(memo: _Memo, names: list[str]) -> dict[str, int]:
+    def _by_crc(self) -> list[str]:
+        """Every node of the state in `_tiebreak` order, descending, kept while no node joins or leaves."""
+        memo = self._crc_order
+        if memo is None or memo[0] != self.state.names_version:
+            memo = self._crc_order = (self.state.names_version, sorted(self.state.nodes, key=_tiebreak, reverse=True))
+        return memo[1]
+
+    def _top(self, memo: _Memo, names: list[str]) -> dict[str, int]:
         """The rank mapping of `names`, feasible nodes of `memo`'s evaluation (/filter's answer): `_top_of`, or along
         the memo's `_Order` once the shape's subsets were ranked before (a memo kept per pod is ranked once: no order
         is built for it). Equal keys among the first eleven (a crc collision) keep `names`' order: `_top_of`'s way."""
@@ -724,7 +735,7 @@ class Planner:
             memo.ranked_subsets += 1
             if memo.ranked_subsets < 2:
                 return _top_of(memo.keys, names)
-            order = memo.order = _Order.of(memo.keys)
+            order = memo.order = _Order.of(memo.keys, self._by_crc())
         top = order.first(names, MAX_PRIORITY + 1)
         keys = memo.keys
         if len(set(map(keys.__getitem__, top))) < len(top):
