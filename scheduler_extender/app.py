@@ -169,21 +169,24 @@ def create_app(
     return app
 
 
-def create_health_app(service: ExtenderService) -> Starlette:
-    """Only /healthz, /readyz and /metrics, for --health-port (plain HTTP)."""
-    return Starlette(routes=_probe_routes(service))
+def create_health_app(service: ExtenderService, verbs_listening: Callable[[], bool]) -> Starlette:
+    """Only /healthz, /readyz and /metrics, for --health-port (plain HTTP). The probes start before the verbs'
+    server binds its port, so /readyz also asks `verbs_listening`: ready must mean kube-scheduler's calls connect."""
+    return Starlette(routes=_probe_routes(service, verbs_listening))
 
 
-def _probe_routes(service: ExtenderService) -> list[Route]:
+def _probe_routes(service: ExtenderService, verbs_listening: Callable[[], bool] = lambda: True) -> list[Route]:
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
         """Synced, leader or not: a synced standby is ready to take over (and a rolling update can proceed);
         the Service routes to the leader by its label."""
-        if service.ready.is_set():
-            return PlainTextResponse("ok")
-        return PlainTextResponse("state not synced yet", status_code=503)
+        if not service.ready.is_set():
+            return PlainTextResponse("state not synced yet", status_code=503)
+        if not verbs_listening():
+            return PlainTextResponse("the verbs' port is not listening yet", status_code=503)
+        return PlainTextResponse("ok")
 
     async def metrics(request: Request) -> Response:
 

@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from starlette.applications import Starlette
 
 from scheduler_extender import gcpause
 from scheduler_extender.app import create_app, create_health_app
@@ -62,8 +63,13 @@ def _connection_limits(s: ExtenderSettings, *, in_thread: bool = False) -> dict[
     )
 
 
+def verbs_server(app: Starlette, **options: Any) -> uvicorn.Server:
+    """The verbs' server, built rather than `uvicorn.run`: /readyz on the health port reads its `started`."""
+    return uvicorn.Server(uvicorn.Config(app, **options))
+
+
 def _start_health_server(
-    s: ExtenderSettings, service: ExtenderService
+    s: ExtenderSettings, service: ExtenderService, verbs: uvicorn.Server
 ) -> tuple[uvicorn.Server, threading.Thread] | None:
     """--health-port: /healthz, /readyz and /metrics over plain HTTP in a thread. A kubelet HTTPS probe presents no
     client certificate (kubernetes pkg/probe/http/http.go, New(): a tls.Config with InsecureSkipVerify and no
@@ -73,7 +79,7 @@ def _start_health_server(
     if s.health_port is None:
         return None
     config = uvicorn.Config(
-        create_health_app(service),
+        create_health_app(service, lambda: verbs.started),
         host=s.address,
         port=s.health_port,
         log_level="warning",
@@ -238,24 +244,27 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     if settings.source == "kube" and settings.client_ca_file is None:
         log.warning("serving the verbs WITHOUT client authentication (--allow-unauthenticated): anyone can bind")
-    health = _start_health_server(settings, service)
+    verbs = verbs_server(
+        create_app(
+            service,
+            state=settings.enable_state,
+            probes=settings.health_port is None,
+            max_body=settings.max_body_bytes,
+            max_values=settings.max_json_values,
+        ),
+        host=settings.address,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        **_ssl_kwargs(settings),
+        **_connection_limits(settings),
+    )
+    health = _start_health_server(settings, service, verbs)
+    terminated = False
     try:
-        uvicorn.run(
-            create_app(
-                service,
-                state=settings.enable_state,
-                probes=health is None,
-                max_body=settings.max_body_bytes,
-                max_values=settings.max_json_values,
-            ),
-            host=settings.address,
-            port=settings.port,
-            log_level="warning",
-            access_log=False,
-            **_ssl_kwargs(settings),  # type: ignore[arg-type]
-            **_connection_limits(settings),  # type: ignore[arg-type]
-        )
+        verbs.run()  # what uvicorn.run does for one worker without reload (uvicorn 0.54 main.py), minus its exit
     except Terminated:
+        terminated = True
         log.info("stopped by SIGTERM")
     finally:
         if health is not None:
@@ -264,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             election.release()
         if health is not None:  # after the release: a standby takes over without waiting for this
             health[1].join(timeout=5)
+    if not verbs.started and not terminated:
+        # uvicorn's Server exits 3 itself when it cannot bind (server.py, uvicorn 0.54); any other way out of run()
+        # without having started ends the same way, never with 0.
+        print(f"vgpu-extender: the verbs' server did not start on {settings.address}:{settings.port}", file=sys.stderr)
+        return 3
     if election is not None and election.lost.is_set():
         log.error("exiting after losing the lease; a restart comes back as a standby")
         return 1

@@ -207,22 +207,31 @@ class Rig:
         for k, v in self.env.items():
             self.mp.setenv(k, v)
 
-        def run(app: Any, **kwargs: Any) -> None:
-            self.served.update(kwargs, app=app)
-            if self.served.get("probe_health"):
-                import time
+        served = self.served
 
-                url = f"http://127.0.0.1:{self.served['probe_health']}/healthz"
-                give_up = time.monotonic() + 30  # the health thread may start late on a loaded machine
-                while time.monotonic() < give_up:
-                    try:
-                        with urllib.request.urlopen(url, timeout=10) as r:
-                            self.served["health"] = r.status
-                            return
-                    except OSError:
-                        time.sleep(0.02)
+        class Verbs:
+            """Stands in for the verbs' uvicorn.Server: records what it was built with, serves nothing."""
 
-        self.mp.setattr(ext_main.uvicorn, "run", run)
+            def __init__(self, app: Any, **kwargs: Any) -> None:
+                served.update(kwargs, app=app)
+                self.started = False
+
+            def run(self) -> None:
+                self.started = True
+                if served.get("probe_health"):
+                    import time
+
+                    url = f"http://127.0.0.1:{served['probe_health']}/healthz"
+                    give_up = time.monotonic() + 30  # the health thread may start late on a loaded machine
+                    while time.monotonic() < give_up:
+                        try:
+                            with urllib.request.urlopen(url, timeout=10) as r:
+                                served["health"] = r.status
+                                return
+                        except OSError:
+                            time.sleep(0.02)
+
+        self.mp.setattr(ext_main, "verbs_server", Verbs)
         self.served["rc"] = ext_main.main(self.argv)
         return self.served
 
