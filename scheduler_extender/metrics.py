@@ -227,9 +227,10 @@ class ExtenderMetrics:
         )
         self.preemptions = Counter(
             "vgpu_extender_preempt_calls_total",
-            "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works); "
-            "answered empty as the apiserver holds no such pod to preempt for: pod-missing, uid-mismatch, pod-bound, "
-            "pod-deleting, read-failed",
+            "preempt verb calls by outcome: answered (at least one node with a victim set), no-node (none works), "
+            "no-gpu (no GPU request: kube-scheduler's victims passed back), cannot-fit (the pod's GPU request is "
+            "invalid or can never fit: no victims); answered empty as the apiserver holds no such pod to preempt for: "
+            "pod-missing, uid-mismatch, pod-bound, pod-deleting, read-failed",
             ["outcome"],
             registry=self.rest,
         )

@@ -254,8 +254,10 @@ class ExtenderService:
             info = self.recent.parse(pod)
         except (RequestError, UnknownPolicyError) as exc:
             log.info("preempt: pod can never fit", extra={"error": str(exc)})
+            self.metrics.preemptions.labels("cannot-fit").inc()
             return {"NodeNameToMetaVictims": {}}
         if info.request.is_empty:
+            self.metrics.preemptions.labels("no-gpu").inc()
             return {
                 "NodeNameToMetaVictims": {
                     n: {"Pods": [{"UID": u} for u in v[0]], "NumPDBViolations": v[1]} for n, v in given.items() if v[0]

@@ -344,3 +344,28 @@ def test_nodes_past_the_time_budget_are_left_out() -> None:
         clock=lambda: float(next(ticks)),
     )
     assert out == {"a": _meta("uid-b1")}  # node a examined at t=1, node b (t=2) past the 1.5 s budget
+
+
+def test_every_preempt_call_is_counted_once_by_outcome() -> None:
+    """A preemptor without a GPU request gets kube-scheduler's victims back, one with an invalid GPU request gets
+    none; both were answered without a count before, so the outcome metric missed calls."""
+    svc, http = _service()
+    _fill(svc)
+    cpu_only = _pod("cpu-only", 1, 1000)
+    cpu_only["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    broken = _pod("broken", 1, 1000)
+    broken["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "150"
+    _pending(svc, cpu_only, broken)
+
+    def count(outcome: str) -> float:
+        value: float = svc.metrics.preemptions.labels(outcome)._value.get()
+        return value
+
+    given = {"a": _meta("uid-b3")}
+    r = http.post("/preempt", json={"Pod": cpu_only, "NodeNameToMetaVictims": given})
+    assert r.status_code == 200 and r.json()["NodeNameToMetaVictims"] == given
+    assert count("no-gpu") == 1
+    r = http.post("/preempt", json={"Pod": broken, "NodeNameToMetaVictims": given})
+    assert r.status_code == 200 and r.json()["NodeNameToMetaVictims"] == {}
+    assert count("cannot-fit") == 1
+    assert count("answered") == count("no-node") == 0
