@@ -12,7 +12,6 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,18 +51,7 @@ def _ssl_kwargs(s: ExtenderSettings) -> dict[str, object]:
     }
     if s.client_ca_file is not None:
         out |= {"ssl_ca_certs": str(s.client_ca_file), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-    out["ssl_context_factory"] = _without_session_tickets
     return out
-
-
-def _without_session_tickets(_config: uvicorn.Config, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    """uvicorn's context from the settings above, sending no TLS 1.3 session tickets after a handshake (OpenSSL sends
-    two by default, ~1 ms of server CPU a handshake here). kube-scheduler's extender client is Go's http.Transport with
-    no ClientSessionCache (kubernetes v1.34.4 pkg/scheduler/extender.go makeTransport), so it never resumes a session
-    and discards every ticket; it does open new connections, 0.2-0.4 a pod (docs/performance.md)."""
-    ctx = default()
-    ctx.num_tickets = 0
-    return ctx
 
 
 def _connection_limits(s: ExtenderSettings, *, in_thread: bool = False) -> dict[str, object]:
