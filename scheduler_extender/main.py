@@ -99,6 +99,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
     options = ServiceOptions(
         names=s.resource_names(),
         narrow_filter=s.narrow_filter,
+        filter_answers_one=s.filter_answers_one,
         bind_grace_s=s.bind_grace_seconds,
         relearn_interval_s=s.relearn_interval_seconds,
         max_node_names=s.max_node_names,

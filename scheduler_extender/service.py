@@ -49,6 +49,9 @@ class ServiceOptions:
     names: ResourceNames = ResourceNames()
     defaults: RequestDefaults = RequestDefaults()
     narrow_filter: bool = False
+    # /filter answers only the node /prioritize would rank first (`ExtenderService._one_node`), so kube-scheduler binds
+    # it without scoring and never calls /prioritize (docs/extender.md, "One node from /filter").
+    filter_answers_one: bool = False
     bind_grace_s: float = 30.0
     bind_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S  # kube-scheduler's extender httpTimeout (scheduler_extender.bind)
     # Arriving pods reach learning policies (fragaware) at most this often once they have a first picture
@@ -203,6 +206,17 @@ class ExtenderService:
                 self.pending.filtered(info.key, uid, fits=fits)
                 if items is None:
                     self._known_memo["prioritize"] = (passed, self.state.names_version, passed)
+                chosen: str | None = None
+                if fits and self.options.filter_answers_one:
+                    # One node out of what passed above, so it combines with every way there: a preemptor holding
+                    # room leaves the nodes it closed failed and the best one left is answered; --narrow-filter's tier
+                    # is narrowed first (its other nodes stay failed as without this) and its best node answered; the
+                    # node-list mode answers that node's object. FailedNodes and the unresolvable ones stay as they are.
+                    if items is not None and evaluation is not None:
+                        passed = self.planner.passing(info, known, evaluation)
+                    chosen = self._one_node(info, passed)
+                    if chosen is not None and items is None:
+                        passed = [chosen]
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
             return schema.filter_result(
@@ -215,7 +229,7 @@ class ExtenderService:
             self.metrics.filter_failure("no-fit")
         if items is not None:
             assert evaluation is not None
-            return _filter_result(names, items, evaluation)
+            return _filter_result(names, items, evaluation, only=chosen)
         return schema.filter_result(node_names=passed, nodes=None, failed=failed, unresolvable=unresolvable)
 
     def _known_names(self, verb: str, names: list[str]) -> list[str]:
@@ -319,9 +333,29 @@ class ExtenderService:
             prios = {}
         return schema.host_priorities(prios)  # priorities_for only scores the nodes asked about
 
+    def _one_node(self, info: PodInfo, feasible: list[str]) -> str | None:
+        """--filter-answers-one: the node of `feasible` (/filter's answer) that /prioritize would rank first, the
+        same priorities steered past others' soft holds the same way, with this pod's hold left there (`_steer`);
+        None when no node of the best ranked is free of them (the whole answer goes back, and /prioritize decides).
+
+        kube-scheduler (kubernetes v1.34.4 pkg/scheduler/schedule_one.go): `findNodesThatPassExtenders` sets a
+        status only for the nodes named in FailedNodes / FailedAndUnresolvableNodes and keeps the extender's
+        NodeNames (or Nodes) as the feasible list, so the feasible nodes left out get no status at all; then
+        `schedulePod` returns a single feasible node at once ("When only one node after predicate, just use it"):
+        no PreScore/Score plugins, no extender prioritize, and no PostFilter (preemption runs only on a FitError,
+        i.e. no feasible node, which this never turns into). A pod with a nominated node is first asked about that
+        node alone (`evaluateNominatedNode`): answered as itself when it fits. HAMi's extender answers one node by
+        design (Project-HAMi/HAMi pkg/scheduler/scheduler.go, Filter: `NodeNames: &[]string{m.NodeID}`, 024910e).
+        Callers hold the lock."""
+        return self._steered(info, self.planner.priorities_for(info, feasible))[1]
+
     def _steer(self, info: PodInfo, prios: dict[str, int]) -> dict[str, int]:
         """Score 0 the best-ranked nodes this pod does not fit on beside the soft holds there, then hold its own
         place on the best node left (scheduler_extender.holds). Only ever lowers scores."""
+        return self._steered(info, prios)[0]
+
+    def _steered(self, info: PodInfo, prios: dict[str, int]) -> tuple[dict[str, int], str | None]:
+        """`_steer`'s priorities, and the best node left (None: every scored node is blocked by others' holds)."""
         placed: dict[str, Assignment] = {}
 
         def blocked(node: str) -> bool:
@@ -344,7 +378,7 @@ class ExtenderService:
                     placed[best] = result.placement.assignment(info)
             if best in placed:
                 self.holds.hold(info.key, best, placed[best])
-        return prios
+        return prios, best
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName (scheduler_extender.bind)."""
@@ -489,11 +523,17 @@ def _known(names: list[str], nodes: Mapping[str, object]) -> list[str]:
     return list(filter(nodes.__contains__, names))
 
 
-def _filter_result(names: list[str], items: list[dict[str, Any]] | None, evaluation: Evaluation) -> dict[str, Any]:
-    """ExtenderFilterResult in the full-NodeList mode: the node objects kept (node names: `Planner.passing`)."""
+def _filter_result(
+    names: list[str], items: list[dict[str, Any]] | None, evaluation: Evaluation, *, only: str | None = None
+) -> dict[str, Any]:
+    """ExtenderFilterResult in the full-NodeList mode: the node objects kept (node names: `Planner.passing`); `only`:
+    just that node's object (--filter-answers-one), the other feasible ones left out and not failed."""
     assert items is not None
-    feasible = evaluation.feasible
-    kept = [n for n, name in zip(items, names, strict=True) if name in feasible]
+    if only is not None:
+        kept = [items[names.index(only)]]
+    else:
+        feasible = evaluation.feasible
+        kept = [n for n, name in zip(items, names, strict=True) if name in feasible]
     return schema.filter_result(
         node_names=None, nodes=kept, failed=evaluation.failed, unresolvable=evaluation.unresolvable
     )

@@ -74,6 +74,11 @@ class ExtenderSettings(BaseModel):
         default=None, description="GPU order inside a node; unset = the node policy's own"
     )
     narrow_filter: bool = Field(default=False, description="filter returns only the best-scored tier")
+    filter_answers_one: bool = Field(
+        default=False,
+        description="filter answers only the node prioritize would rank first (and holds it), so kube-scheduler binds "
+        "it without scoring or calling prioritize; its own soft preferences then no longer weigh (docs/extender.md)",
+    )
     priority_mapping: Literal["rank", "minmax"] = Field(
         default="rank", description="how fine scores become kube-scheduler's 0..10 (docs/extender.md)"
     )

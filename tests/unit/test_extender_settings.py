@@ -288,6 +288,7 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         lambda r: (r.build()[0].options.narrow_filter, r.build()[0].planner.config.narrow_filter),
         (True, True),
     ),
+    "filter_answers_one": ("true", FILE, lambda r: r.build()[0].options.filter_answers_one, True),
     "priority_mapping": ("minmax", FILE, lambda r: r.build()[0].planner.config.priority_mapping, "minmax"),
     "topology": ("false", FILE, lambda r: r.build()[0].planner.config.topology, False),
     "topology_weight": ("0.5", FILE, lambda r: r.build()[0].planner.config.topology_weight, 0.5),
