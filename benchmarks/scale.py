@@ -9,7 +9,11 @@ deleted again (churn). Waves alternate between two arms on ONE kube-scheduler pr
 * ``extender``: the pods ask for vGPUs, so kube-scheduler calls the extender's filter, prioritize and bind verbs;
 * ``baseline``: the same pods (same names, labels, CPU requests, node selector) without GPU resources, so the
   extender is not interested in them (managedResources) and kube-scheduler filters, scores and binds on its own.
-  The extender's verb counters are read before and after to prove it was not called.
+  The extender's verb counters are read before and after to prove it was not called;
+* ``one-node`` (with ``--one-node``): the extender arm's pods with the extender restarted with
+  ``--filter-answers-one``, so /filter answers one node and kube-scheduler neither scores nor calls /prioritize. The
+  extender is restarted whenever the setting changes from one wave to the next, so both GPU arms start each wave on a
+  fresh extender process (its first lists, its planner's caches empty), and the ratios share one baseline.
 
 Alternating the arms wave by wave spreads the noise of a shared machine over both. Per arm it reports pods/s
 (bound pods over first create to last bind), creation-to-bound p50/p99 (from the client's create call to the pod's
@@ -19,7 +23,7 @@ audit log, written for the users vgpu-extender and system:kube-scheduler only). 
 apiserver's annotations are checked: no GPU over its memory, cores or sharers (over-commit), and no unbound pod left
 in bind phase ``allocating`` past the bind grace (stale reservation).
 
-    python benchmarks/scale.py --nodes 200 --pods 1000 --rate 100 --waves 2 [--json out.json]
+    python benchmarks/scale.py --nodes 200 --pods 1000 --rate 100 --waves 2 [--one-node] [--json out.json]
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ GROUP = "kube-vgpu.scale/group"
 EXTENDER_USER = "vgpu-extender"
 SCHEDULER_USER = "system:kube-scheduler"
 ARMS = ("baseline", "extender")
+ONE_NODE = "one-node"  # the third arm (--one-node): the extender with --filter-answers-one
 # Every key the report carries per arm; tests/e2e/test_scale_benchmark_e2e.py checks them all.
 ARM_FIELDS = (
     "pods",
@@ -115,6 +120,7 @@ class Config:
     seed: int = 1
     settle_s: float = 15.0  # a wave ends when no pod has been bound for this long
     wave_timeout_s: float = 600.0
+    one_node: bool = False  # also run the one-node arm
 
 
 @dataclass
@@ -374,7 +380,7 @@ def run_wave(
     verbs0 = extender_verbs(ext)
     audit.take()
     bodies = [
-        (f"{wave_name}-{n}", pod_body(f"{wave_name}-{n}", labels, limits if arm == "extender" else None, wave_name))
+        (f"{wave_name}-{n}", pod_body(f"{wave_name}-{n}", labels, limits if arm != "baseline" else None, wave_name))
         for n, labels, limits in shapes(cfg)
     ]
     t0 = time.monotonic()
@@ -404,7 +410,7 @@ def run_wave(
         time.sleep(0.2)
     with watch.lock:
         w.bound = {k: watch.bound[k] for k in keys if k in watch.bound}
-    over, stale = audit_pods(core, namespace, wave_name) if arm == "extender" else (0, 0)
+    over, stale = audit_pods(core, namespace, wave_name) if arm != "baseline" else (0, 0)
     events = orjson.loads(core.list_namespaced_event(namespace, _preload_content=False).data)["items"]
     for e in events:
         if (
@@ -429,6 +435,18 @@ def run_wave(
     w.cpu_s = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
     w.requests = audit.take()
     return w, over, stale
+
+
+ONE_NODE_FLAG = "--filter-answers-one"
+
+
+def restart_extender(cp: ControlPlane, ext: Extender, *, one_node: bool) -> None:
+    """Stop the extender and start it again (same port and certificates, so kube-scheduler's config holds) with or
+    without --filter-answers-one; it is ready once its first lists are applied."""
+    if ext.proc is not None:
+        cp.stop_process(ext.proc)
+    ext.args = tuple(a for a in ext.args if a != ONE_NODE_FLAG) + ((ONE_NODE_FLAG,) if one_node else ())
+    ext.start()
 
 
 def summarise(waves: list[Wave]) -> dict[str, Any]:
@@ -506,12 +524,16 @@ def run(cfg: Config) -> dict[str, Any]:
         watch = BindWatch(cp, namespace)
         audit = Audit(audit_log)
         setup_s = time.monotonic() - setup0
-        per_arm: dict[str, list[Wave]] = {a: [] for a in ARMS}
+        arms_run = (*ARMS, ONE_NODE) if cfg.one_node else ARMS
+        per_arm: dict[str, list[Wave]] = {a: [] for a in arms_run}
         over = stale = 0
         peak_rss = 0.0
         try:
             for i in range(cfg.waves):
-                for arm in ARMS:
+                for arm in arms_run:
+                    if arm != "baseline" and (ONE_NODE_FLAG in ext.args) != (arm == ONE_NODE):
+                        peak_rss = max(peak_rss, rss_mib(ext.proc.pid)[1])  # type: ignore[union-attr]
+                        restart_extender(cp, ext, one_node=arm == ONE_NODE)
                     w, o, s = run_wave(cfg, cp, ext, watch, audit, namespace, arm, i)
                     per_arm[arm].append(w)
                     over, stale = over + o, stale + s
@@ -532,6 +554,16 @@ def run(cfg: Config) -> dict[str, Any]:
                 cp.stop_process(ext.proc)
     arms = {a: summarise(ws) for a, ws in per_arm.items()}
     b, e = arms["baseline"], arms["extender"]
+    one = arms.get(ONE_NODE)
+    one_node_ratios = (
+        {}
+        if one is None
+        else {
+            "ratio_pods_per_s_one_node": round(one["pods_per_s"] / b["pods_per_s"], 3) if b["pods_per_s"] else None,
+            "ratio_p50_one_node": round(one["p50_ms"] / b["p50_ms"], 2) if b["p50_ms"] else None,
+            "ratio_p99_one_node": round(one["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] else None,
+        }
+    )
     return {
         "config": asdict(cfg),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
@@ -539,6 +571,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "ratio_pods_per_s": round(e["pods_per_s"] / b["pods_per_s"], 3) if b["pods_per_s"] else None,
         "ratio_p50": round(e["p50_ms"] / b["p50_ms"], 2) if b["p50_ms"] else None,
         "ratio_p99": round(e["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] else None,
+        **one_node_ratios,
         "extender_rss_mib": round(rss, 1),
         "extender_peak_rss_mib": round(max(hwm, peak_rss), 1),
         "over_commits": over,
@@ -560,6 +593,11 @@ def print_report(r: dict[str, Any]) -> None:
             f"{a['p50_ms']:>9}{a['p99_ms']:>9}{a['max_ms']:>9}"
         )
     print(f"ratio extender/baseline: pods/s {r['ratio_pods_per_s']}, p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x")
+    if "ratio_pods_per_s_one_node" in r:
+        print(
+            f"ratio one-node/baseline: pods/s {r['ratio_pods_per_s_one_node']}, p50 {r['ratio_p50_one_node']}x, "
+            f"p99 {r['ratio_p99_one_node']}x"
+        )
     for arm, a in r["arms"].items():
         cpu = ", ".join(f"{k} {v}" for k, v in a["cpu_ms_per_pod"].items())
         print(f"CPU ms per bound pod ({arm}): {cpu}")
@@ -583,10 +621,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--waves", type=int, default=Config.waves, help="waves per arm (arms alternate)")
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--settle", type=float, default=Config.settle_s, help="a wave ends after this long with no bind")
+    p.add_argument(
+        "--one-node",
+        action="store_true",
+        help="also run the one-node arm: the extender restarted with --filter-answers-one, against the same baseline",
+    )
     p.add_argument("--json", type=Path, help="also write the report here")
     a = p.parse_args(argv)
     try:
-        cfg = Config(a.nodes, a.pods, a.rate, a.waves, a.seed, a.settle)
+        cfg = Config(a.nodes, a.pods, a.rate, a.waves, a.seed, a.settle, one_node=a.one_node)
         report = run(cfg)
     except ValueError as exc:
         p.error(str(exc))
