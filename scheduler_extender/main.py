@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     except (VgpuError, OSError) as exc:
         print(f"vgpu-extender: cannot load cluster state: {exc}", file=sys.stderr)
         return 2
+    service.planner.after_pass = gcpause.settle  # what each pass over the nodes keeps is frozen too (gcpause)
     log.info(
         "serving",
         extra={

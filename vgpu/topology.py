@@ -84,6 +84,9 @@ class NodeTopology:
         return Link.NVLINK if one_numa else Link.NVLINK_CROSS_NUMA
 
 
+_NO_PEERS: frozenset[str] = frozenset()
+
+
 def node_topology(gpus: Sequence[GpuDevice]) -> NodeTopology:
     """The topology of one node's GPUs (links to GPUs not in `gpus` are ignored)."""
     present = {g.uuid for g in gpus}
@@ -93,10 +96,13 @@ def node_topology(gpus: Sequence[GpuDevice]) -> NodeTopology:
             if p in present and p != g.uuid:
                 adjacent[g.uuid].add(p)
                 adjacent[p].add(g.uuid)
-    peers = {u: frozenset(v) for u, v in adjacent.items()}
-    cliques = _maximal_cliques(peers)
-    order = {g.uuid: g.index for g in gpus}
-    cliques.sort(key=lambda c: (-len(c), min(order[u] for u in c)))
+    if any(adjacent.values()):
+        peers = {u: frozenset(v) for u, v in adjacent.items()}
+        cliques = _maximal_cliques(peers)
+        order = {g.uuid: g.index for g in gpus}
+        cliques.sort(key=lambda c: (-len(c), min(order[u] for u in c)))
+    else:  # no links (most nodes): no cliques, and one shared empty set of peers
+        peers, cliques = dict.fromkeys(adjacent, _NO_PEERS), []
     numa = {g.uuid: g.numa for g in gpus}
     flat = not cliques and len(set(numa.values())) <= 1
     member: dict[str, list[int]] = {}

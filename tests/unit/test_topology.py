@@ -20,7 +20,7 @@ from vgpu.planner import Planner
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
 from vgpu.state import ClusterState, GpuUsage, slice_blocker
-from vgpu.topology import WHOLE_NODE_COST, Link, choose, node_topology
+from vgpu.topology import WHOLE_NODE_COST, Link, _maximal_cliques, choose, node_topology
 
 REQUIRE = {ann.POD_REQUIRE_NVLINK: "true"}
 
@@ -408,3 +408,14 @@ def test_flat_nodes_score_alike_idle_or_in_use() -> None:
     s.apply("default/one", make_assignment("used", [(0, GPU_MEM // 2, 10)]))
     assert s.nodes["idle"].topology.flat and s.nodes["used"].topology.flat
     assert _term(s, make_info(gpu=2)) == pytest.approx({"idle": 2 * 0.25, "used": 2 * 0.25})
+
+
+def test_a_node_without_links_has_no_cliques_and_no_peers() -> None:
+    """The link-less shortcut (most nodes) gives what the clique search gives: nothing, for every GPU."""
+    for gpus in (_node("n", 8).gpus, _node("n", 4, numa=[0, 0, 1, 1]).gpus):
+        topo = node_topology(gpus)
+        assert topo.cliques == () and topo.member == {}
+        assert topo.peers == {g.uuid: frozenset() for g in gpus}
+        assert _maximal_cliques(topo.peers) == []
+    stray = GpuDevice(uuid="x", index=0, model="H100", memory_mib=GPU_MEM, nvlink_peers=("elsewhere",))
+    assert node_topology((stray,)).peers == {"x": frozenset()}
