@@ -112,6 +112,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         assert s.cluster_file is not None
         with gcpause.paused_gc():  # a list like the kube source's: frozen after it in the extender's process
             nodes = load_cluster_file(s.cluster_file, state)
+            state.classify()  # what the first pass would work out, frozen with the state
         binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
         options = dataclasses.replace(options, pods_from_filter=True)  # no apiserver to read pods from
         service = ExtenderService(state, binder, options=options, lock=lock)

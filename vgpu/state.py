@@ -404,6 +404,13 @@ class ClusterState:
         if len(self._changes) > 2 * self._CHANGE_LOG:
             del self._changes[: self._CHANGE_LOG]
 
+    def classify(self) -> None:
+        """Work out every node's `NodeState.class_key` (and its topology) now, as a pass over the nodes would: called
+        right after the lists, so the first pod's pass does not (~60 us a node) and what they make is frozen with the
+        state in the extender's process (scheduler_extender.gcpause)."""
+        for node in self.nodes.values():
+            node.classified()
+
     def changed_since(self, version: int) -> set[str] | None:
         """Nodes changed after `version`; None when the log no longer reaches back that far."""
         if version == self.version:

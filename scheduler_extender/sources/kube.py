@@ -55,6 +55,8 @@ class KubeSource:
         # seeds: it would count pods twice. Until the seeding is in, placement scores as a learning policy's cold
         # start does.
         self.service.replace_pods(pods, seed_learning=False)
+        with self.service.lock:  # what the next pass over the nodes would work out, frozen with the state (gcpause)
+            self.service.state.classify()
         # The end of a (re)list, with what applying it cost: benchmarks/restart.py times a relist up to this line.
         log.info(
             "pods listed", extra={"pods": len(pods), "apply_s": round(time.monotonic() - started, 3), "first": first}

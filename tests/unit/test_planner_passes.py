@@ -66,3 +66,18 @@ def test_after_pass_is_told_each_pass_over_the_nodes_only() -> None:
     p.observe(make_info("b", gpumem_percentage=50, gpucores=50))
     p.evaluate(pod, names[:7])  # a new epoch: a pass over the names asked
     assert passes == [len(names), 7]
+
+
+def test_classify_works_out_each_node_s_class_as_a_pass_would() -> None:
+    """What the extender runs after its lists: each node's class for its current version, the same as the first
+    pass would work out lazily."""
+    state, lazy = _state(), _state()
+    state.classify()
+    for name, node in state.nodes.items():
+        assert node.class_memo is not None and node.class_memo[0] == node.version
+        assert node.class_key == lazy.nodes[name].class_key
+    p, q = Planner(state), Planner(lazy)
+    pod = make_info("a", gpumem_percentage=20, gpucores=20)
+    assert {n: (r.placement, r.score) for n, r in p.evaluate(pod).feasible.items()} == {
+        n: (r.placement, r.score) for n, r in q.evaluate(pod).feasible.items()
+    }
