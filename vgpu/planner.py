@@ -16,7 +16,7 @@ import itertools
 import operator
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -287,6 +287,18 @@ def _crc_of(names: list[str]) -> dict[str, int]:
     return crcs
 
 
+def _shape(pod: PodInfo) -> tuple[object, ...]:
+    """The key of the planner's per-shape caches: `PodInfo.shape_key` without the model where nothing reads it. Only
+    a pod with a prefill or decode role has its model read (the GPU role order, NVLink to a counterpart, the role
+    score: `vgpu.fit.role_rank`, `near_counterpart`, `role_parts` return before reading it otherwise), so the
+    whole-card and multi-GPU pods of different models share one evaluation, where each model had its own and
+    re-evaluated every node that changed since its own last pod (benchmarks/planner_profile.py scale)."""
+    key = pod.shape_key()
+    if pod.model is None or pod.role.does_prefill or pod.role.does_decode:
+        return key
+    return (key[0], key[1], None, *key[3:])  # shape_key's third item is the model
+
+
 def _idle(node: NodeState) -> set[str]:
     return {u.device.uuid for u in node.gpus if not u.holders}
 
@@ -403,12 +415,6 @@ class Planner:
         # Per `_cache` key: each node class's evaluation (see `_Shared`), for the policies and shapes it holds for.
         self._classes: OrderedDict[tuple[object, ...], Classes] = OrderedDict()
         self._crc_order: tuple[int, list[str]] | None = None  # `_by_crc`
-        # (shape, policy, config) -> the policy epoch its caches are at: a cache of an older epoch is never read again
-        # (a key holds the current epoch), and each holds a result per node, which every full garbage collection walks.
-        self._epochs: dict[tuple[object, ...], object] = {}
-        # Called with the number of names after each pass over them that built a new memoised evaluation: the
-        # extender's process freezes the results a pass keeps (scheduler_extender.gcpause.settle).
-        self.after_pass: Callable[[int], None] | None = None
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -461,7 +467,7 @@ class Planner:
         return NodeResult(result.placement, score=result.score + pod_score(name, pod))
 
     def _shape_memo(self, pod: PodInfo) -> ShapeMemo:
-        key = (pod.shape_key(), self.state.config)
+        key = (_shape(pod), self.state.config)
         memo = self._shapes.get(key)
         if memo is None:
             memo = self._shapes[key] = ShapeMemo()
@@ -599,11 +605,10 @@ class Planner:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them. `known_names`:
         every name has an inventory (the extender leaves the others out first)."""
         policy, rank = self._resolve(pod)
-        key: tuple[object, ...] = (pod.shape_key(), policy.name, policy.epoch, self.state.config)
+        key: tuple[object, ...] = (_shape(pod), policy.name, policy.epoch, self.state.config)
         memo_key = self._memo_key(key, pod, policy)
         cache = self._cache.get(key)
         if cache is None:
-            self._drop_old_epoch(key)
             cache = self._cache[key] = {}
             if len(self._cache) > _CACHED_SHAPES:
                 self._cache.popitem(last=False)
@@ -643,24 +648,7 @@ class Planner:
                 memo.covers = self.state.names_version
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
-            if self.after_pass is not None:
-                self.after_pass(len(names))
         return memo, cache, policy, rank
-
-    def _drop_old_epoch(self, key: tuple[object, ...]) -> None:
-        """Forget the caches, node classes and memoised evaluation of `key`'s shape, policy and config at another
-        epoch: after a relearn they would only wait for the LRU bound (256 shapes x 5,000 results)."""
-        shape, name, epoch, config = key
-        base = (shape, name, config)
-        old = self._epochs.get(base)
-        if old is not None and old != epoch:
-            stale = (shape, name, old, config)
-            self._cache.pop(stale, None)
-            self._classes.pop(stale, None)
-            self._memo.pop(stale, None)
-        if len(self._epochs) >= 4 * _CACHED_SHAPES:
-            self._epochs.clear()
-        self._epochs[base] = epoch
 
     @staticmethod
     def _memo_key(key: tuple[object, ...], pod: PodInfo, policy: NodePolicy) -> tuple[object, ...]:
@@ -672,9 +660,7 @@ class Planner:
         this planner's own answer for the pod over `names`, the list is remembered: `priorities_for` given it back
         while nothing changed takes it as exactly those nodes, with no set built and no name looked up again."""
         policy, _ = self._resolve(pod)
-        memo = self._memo.get(
-            self._memo_key((pod.shape_key(), policy.name, policy.epoch, self.state.config), pod, policy)
-        )
+        memo = self._memo.get(self._memo_key((_shape(pod), policy.name, policy.epoch, self.state.config), pod, policy))
         if memo is not None and memo.version == self.state.version and memo.subset is not None:
             sub_names, sub, sub_passed = memo.subset
             if evaluation is sub and sub_names == names:  # the subset's own feasible list, already in order
@@ -770,7 +756,7 @@ class Planner:
         """`evaluate_node`'s answer, taken from this pod shape's per-node cache while the node has not changed since it
         was evaluated there (the cache is per node version, policy and epoch, so it is the same decision)."""
         policy, _ = self._resolve(pod)
-        cache = self._cache.get((pod.shape_key(), policy.name, policy.epoch, self.state.config))
+        cache = self._cache.get((_shape(pod), policy.name, policy.epoch, self.state.config))
         node = self.state.nodes.get(node_name)
         hit = None if cache is None else cache.get(node_name)
         if node is not None and hit is not None and hit[0] == node.version:

@@ -1,0 +1,100 @@
+"""The planner's per-shape caches key a pod without its model where nothing reads the model (`vgpu.planner._shape`):
+pods of other models share an evaluation only where that decides exactly what each pod's own would."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+import vgpu.planner as planner_mod
+from tests.conftest import make_info
+from tests.unit.test_fit_fast import _class_cluster, _fresh, _same
+from vgpu.planner import Planner, _shape
+from vgpu.pod import PodInfo
+
+MODELS = ("m", "x", None)  # the clusters' holders run default/m and default/x
+ROLES = (None, "prefill", "decode", "encode-prefill", "prefill-decode", "encode")
+SIZES: list[dict[str, object]] = [
+    {"gpumem_percentage": 20, "gpucores": 20},
+    {"gpumem_percentage": 100, "gpucores": 100},
+    {"gpu": 2, "gpumem_percentage": 30, "gpucores": 30},
+]
+
+
+def _pods() -> list[PodInfo]:
+    """Every role (and none) with each model, for each size."""
+    out = []
+    for size in SIZES:
+        for role in ROLES:
+            for model in MODELS:
+                out.append(make_info(f"p{len(out)}", role=role, model=model, **size))  # type: ignore[arg-type]
+    return out
+
+
+def test_the_model_is_left_out_only_for_a_pod_without_a_prefill_or_decode_role() -> None:
+    for pod in _pods():
+        key = _shape(pod)
+        assert pod.shape_key()[2] == pod.model  # `_shape` drops shape_key's third item
+        if pod.role.does_prefill or pod.role.does_decode:
+            assert key == pod.shape_key()
+        else:
+            assert key == dataclasses.replace(pod, model=None).shape_key()
+
+
+@pytest.mark.parametrize(("seed", "policy"), [(0, "default"), (1, "default"), (2, "fgd"), (3, "binpack")])
+def test_pods_of_every_model_and_role_decide_what_each_decides_alone(seed: int, policy: str) -> None:
+    """Pods of each model and role interleaved on one planner, through binds and releases: every node's placement,
+    score, failure and the priorities as the uncached full path gives them for that very pod. Holders of the P/D
+    roles of two models make the role order and the role score read the model: a P/D pod that took another
+    model's answer would differ."""
+    state = _class_cluster(seed, policy, patterns=6, nodes=32)
+    p = Planner(state)
+    rng = random.Random(seed)
+    pods = _pods()
+    placed: list[str] = []
+    for step in range(4):
+        rng.shuffle(pods)
+        for pod in pods:
+            p.observe(pod)
+            ev = p.evaluate(pod)
+            fresh = _fresh(p, pod, list(state.nodes))
+            _same(ev, fresh)
+            fresh.scores = {n: r.score for n, r in fresh.feasible.items()}
+            assert p.priorities(ev) == p.priorities(fresh)
+        pod = dataclasses.replace(rng.choice(pods), name=f"b{step}", uid=f"uid-b{step}")
+        best = p.evaluate(pod).best()
+        if best is not None and best[1].placement is not None:
+            state.apply(pod.key, best[1].placement.assignment(pod))
+            placed.append(pod.key)
+        if step % 2 and placed:
+            state.release(placed.pop(0))
+
+
+def test_whole_card_pods_of_other_models_share_one_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod without a P/D role after one of another model: the same evaluation, and after a bind only the changed
+    node is fitted again, once (each model re-fitted it before)."""
+    state = _class_cluster(1, "default", patterns=6)
+    p = Planner(state)
+    fits: list[str] = []
+    real = planner_mod.fit_node
+
+    def counted(node, pod, *a, **k):  # type: ignore[no-untyped-def]
+        fits.append(node.name)
+        return real(node, pod, *a, **k)
+
+    monkeypatch.setattr(planner_mod, "fit_node", counted)
+    for size in ({"gpumem_percentage": 100, "gpucores": 100}, {"gpu": 2, "gpumem_percentage": 100, "gpucores": 100}):
+        a, b, c = (make_info(f"w{m}", model=m, **size) for m in ("m", "x", None))  # type: ignore[arg-type]
+        ev = p.evaluate(a)
+        assert p.evaluate(b) is ev and p.evaluate(c) is ev
+        best = ev.best()
+        assert best is not None and best[1].placement is not None
+        state.apply("bg/bound-" + str(len(fits)), best[1].placement.assignment(a))
+        fits.clear()
+        evs = [p.evaluate(pod) for pod in (b, c, a)]
+        assert fits.count(best[0]) <= 1  # the changed node, once for the three (the 2-GPU shape: exactly once)
+        assert len(fits) <= 1
+        for pod, ev in zip((b, c, a), evs, strict=True):
+            _same(ev, _fresh(p, pod, list(state.nodes)))
