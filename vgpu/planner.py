@@ -16,7 +16,7 @@ import itertools
 import operator
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -415,6 +415,12 @@ class Planner:
         # Per `_cache` key: each node class's evaluation (see `_Shared`), for the policies and shapes it holds for.
         self._classes: OrderedDict[tuple[object, ...], Classes] = OrderedDict()
         self._crc_order: tuple[int, list[str]] | None = None  # `_by_crc`
+        # (shape, policy, config) -> the policy epoch its caches are at: a cache of an older epoch is never read again
+        # (a key holds the current epoch), and each holds a result per node, which every full garbage collection walks.
+        self._epochs: dict[tuple[object, ...], object] = {}
+        # Called with the number of names after each pass over them that built a new memoised evaluation: the
+        # extender's process freezes the results a pass keeps (scheduler_extender.gcpause.settle).
+        self.after_pass: Callable[[int], None] | None = None
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -609,6 +615,7 @@ class Planner:
         memo_key = self._memo_key(key, pod, policy)
         cache = self._cache.get(key)
         if cache is None:
+            self._drop_old_epoch(key)
             cache = self._cache[key] = {}
             if len(self._cache) > _CACHED_SHAPES:
                 self._cache.popitem(last=False)
@@ -648,7 +655,24 @@ class Planner:
                 memo.covers = self.state.names_version
             if len(self._memo) > _CACHED_SHAPES:
                 self._memo.popitem(last=False)
+            if self.after_pass is not None:
+                self.after_pass(len(names))
         return memo, cache, policy, rank
+
+    def _drop_old_epoch(self, key: tuple[object, ...]) -> None:
+        """Forget the caches, node classes and memoised evaluation of `key`'s shape, policy and config at another
+        epoch: after a relearn they would only wait for the LRU bound (256 shapes x 5,000 results)."""
+        shape, name, epoch, config = key
+        base = (shape, name, config)
+        old = self._epochs.get(base)
+        if old is not None and old != epoch:
+            stale = (shape, name, old, config)
+            self._cache.pop(stale, None)
+            self._classes.pop(stale, None)
+            self._memo.pop(stale, None)
+        if len(self._epochs) >= 4 * _CACHED_SHAPES:
+            self._epochs.clear()
+        self._epochs[base] = epoch
 
     @staticmethod
     def _memo_key(key: tuple[object, ...], pod: PodInfo, policy: NodePolicy) -> tuple[object, ...]:
