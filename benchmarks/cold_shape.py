@@ -16,7 +16,14 @@ Two clusters, both 5,000 nodes x 8 GPUs by default:
 `--digest` prints a hash of every evaluation (each node's placement, score, failure reason and the priorities), to
 compare two versions of the code on the same clusters: the decisions must be byte-identical.
 
+`--rescorings` replays `extender_latency.py`'s phases instead, in-process through the extender's own service as its
+process builds it (the file source, the heap frozen after the load, `gcpause.settle` after each pass), without HTTP:
+no-GPU cycles, the 12 templates' first pods, then `--learn` learning pods, each a /filter + /prioritize over every
+node. It prints the CPU of each new shape and of each learning re-scoring (a cycle over 4x the phase's median) as
+p50 / p99 / max, and the full (gen-2) garbage collections that fell into them, timed by `gc.callbacks`.
+
     python benchmarks/cold_shape.py [--nodes 5000] [--passes 3] [--digest]
+    python benchmarks/cold_shape.py --rescorings [--nodes 5000] [--learn 100] [--passes 3]
 """
 
 from __future__ import annotations
@@ -94,6 +101,8 @@ def _state(inventories: list[Any], allocations: list[tuple[str, Assignment]]) ->
     for key, a in allocations:
         if state.check(a) is None:  # a packed fill's slice the role rules refuse is left out, on every such node
             state.apply(key, a, HostUse())
+    if hasattr(state, "classify"):  # as the extender does after its lists (not at the commits before it)
+        state.classify()
     return state
 
 
@@ -137,6 +146,64 @@ def run(state: ClusterState, passes: int, learn: int, policy: str) -> tuple[list
     return best, h.hexdigest()[:16]
 
 
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def rescorings(nodes: int, gpus: int, seed: int, learn: int) -> tuple[list[float], list[float], list[float]]:
+    """CPU ms of each new shape's cycle and of each learning re-scoring, and each full collection's ms among them."""
+    import gc
+    import json
+    import tempfile
+
+    from benchmarks.extender_latency import make_cluster as cluster_doc
+    from scheduler_extender import gcpause, schema
+    from scheduler_extender.main import build_service
+    from scheduler_extender.settings import load
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cluster.json"
+        doc = cluster_doc(nodes, gpus, rng)
+        path.write_text(json.dumps(doc))
+        names = [n["name"] for n in doc["nodes"]]
+        gcpause.freeze_after_lists()  # as the extender's main does
+        service, _, _ = build_service(
+            load(flags={"source": "file", "cluster_file": str(path)}, env={}, config_file=None)
+        )
+    if hasattr(gcpause, "settle"):
+        service.planner.after_pass = gcpause.settle  # as the extender's main does
+    full: list[float] = []
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.process_time()
+            else:
+                full.append((time.process_time() - started[0]) * 1000)
+
+    def cycle(pod: dict[str, Any]) -> tuple[float, list[float]]:
+        n, t = len(full), time.process_time()
+        out = service.filter(schema.ExtenderArgs.model_validate({"Pod": pod, "NodeNames": names}))
+        passed = out.get("NodeNames") or []
+        service.prioritize(schema.ExtenderArgs.model_validate({"Pod": pod, "NodeNames": passed}))
+        return (time.process_time() - t) * 1000, full[n:]
+
+    for i in range(200):
+        cycle(make_pod(10**6 + i, rng, gpu=False))
+    gc.callbacks.append(timed)
+    try:
+        cold = [cycle(make_pod(10**7 + t, rng, template=t)) for t in range(len(TEMPLATES))]
+        learning = [cycle(make_pod(10**8 + i, rng)) for i in range(learn)]
+    finally:
+        gc.callbacks.remove(timed)
+    slow = 4 * statistics.median(c for c, _ in learning)
+    rescored = [x for x in learning if x[0] > slow]
+    return [c for c, _ in cold], [c for c, _ in rescored], [g for _, gs in cold + rescored for g in gs]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=5000)
@@ -147,7 +214,21 @@ def main() -> int:
     ap.add_argument("--policy", default="default")
     ap.add_argument("--cluster", choices=("usual", "packed", "both"), default="both")
     ap.add_argument("--digest", action="store_true", help="print a hash of every evaluation")
+    ap.add_argument("--rescorings", action="store_true", help="replay extender_latency's phases through the service")
     args = ap.parse_args()
+    if args.rescorings:
+        learn = 100 if args.learn == 1100 else args.learn
+        for p in range(args.passes):
+            cold, rescored, full = rescorings(args.nodes, args.gpus, args.seed, learn)
+            print(
+                f"pass {p}: {args.nodes} nodes x {args.gpus} GPUs, CPU ms: new shapes ({len(cold)}) p50 "
+                f"{statistics.median(cold):6.1f} p99 {_pct(cold, 99):6.1f} max {max(cold):6.1f}; re-scorings "
+                f"({len(rescored)} of {learn} learning pods) p50 {statistics.median(rescored) if rescored else 0:6.1f} "
+                f"p99 {_pct(rescored, 99) if rescored else 0:6.1f} max {max(rescored, default=0):6.1f}; "
+                f"full collections among them {len(full)}, ms {' '.join(f'{g:.0f}' for g in full) or '-'}",
+                flush=True,
+            )
+        return 0
     for kind in ("usual", "packed") if args.cluster == "both" else (args.cluster,):
         make = usual_state if kind == "usual" else packed_state
         state = make(args.nodes, args.gpus, args.seed)

@@ -19,12 +19,13 @@ from vgpu.config import PlacementConfig
 from vgpu.devices import Cordon, NodeInventory
 from vgpu.fit import NodePlacement, ShapeMemo, fit_node
 from vgpu.placement.fgd import Fgd
-from vgpu.placement.gpushare import frees_after, host_after
+from vgpu.placement.frag import FragModel
+from vgpu.placement.gpushare import MILLI, frees_after, host_after
 from vgpu.placement.role_score import free_after
 from vgpu.planner import Evaluation, Planner
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
-from vgpu.state import ClusterState, HostUse
+from vgpu.state import ClusterState, HostUse, NodeState
 
 FILLS = (0, 25, 50, 75)  # a few fill levels, so GPU states repeat on a node and across nodes
 SHAPES: list[dict[str, object]] = [
@@ -314,3 +315,43 @@ def test_nvlink_tells_equal_states_apart() -> None:
     chosen = {n: r.placement.containers[0].devices[0].index for n, r in ev.feasible.items() if r.placement}
     assert chosen == {f"n{n}": 3 if n % 2 else 1 for n in range(6)}
     _same(ev, _fresh(p, pod, list(state.nodes)))
+
+
+def _frag_by_sums(model: FragModel, node: NodeState, sig: tuple[int, ...], cpu_free: int, mem_free: int) -> float:
+    """`FragModel.frag_sorted` as it was written before prefix sums: every sum over the GPUs taken one by one."""
+    gpu = node.gpus[0]
+    idle = sum(sig)
+    out = 0.0
+    if idle:
+        full = sum(1 for f in sig if f >= MILLI)
+        for p, cpu, mem, count, milli, models in model._tasks_on(gpu):
+            if (
+                count == 0
+                or cpu > cpu_free
+                or mem > mem_free
+                or (models is not None and gpu.device.model not in models)
+                or (milli >= MILLI and full < count)
+                or sig[-1] < milli
+            ):
+                out += p * idle
+            elif milli >= MILLI:
+                out += p * (idle - full * MILLI)
+            else:
+                out += p * sum(f for f in sig if f < milli)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_frag_by_prefix_sums_is_the_frag_summed_one_by_one(seed: int) -> None:
+    rng = random.Random(seed)
+    fgd = Fgd()
+    for kw in [*SHAPES, *CLASS_SHAPES]:
+        for _ in range(rng.randint(1, 5)):
+            fgd.observe(dataclasses.replace(make_info("w", **kw), cpu_milli=rng.choice([0, 500, 4000])))  # type: ignore[arg-type]
+    model = fgd.model
+    node = _cluster(seed, "fgd", nodes=1).nodes["n00"]
+    choices = [0, 1, 5, 100, 250, 499, 500, 501, 750, 999, 1000]
+    for _ in range(400):
+        sig = tuple(sorted(rng.choice(choices) for _ in range(rng.randint(1, 8))))
+        cpu, mem = rng.choice([0, 1000, 10**6]), rng.choice([0, 10**6])
+        assert model.frag_sorted(node, sig, cpu, mem) == _frag_by_sums(model, node, sig, cpu, mem)

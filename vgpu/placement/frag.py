@@ -10,6 +10,8 @@ model, sorted free milli), so identical nodes cost one computation.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -127,10 +129,13 @@ class FragModel:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        idle = sum(sig)
+        # `sig` is sorted: the GPUs with less than `milli` free are a prefix, and their frees' sum a prefix sum (ints,
+        # so the same number as summing them one by one).
+        below = list(itertools.accumulate(sig, initial=0))
+        idle = below[-1]
         out = 0.0
         if idle:
-            full = sum(1 for f in sig if f >= MILLI)
+            full = len(sig) - bisect.bisect_left(sig, MILLI)
             biggest = sig[-1]
             for p, cpu, mem, count, milli, models in self._tasks_on(node.gpus[0]):
                 if (
@@ -145,7 +150,7 @@ class FragModel:
                 elif milli >= MILLI:
                     out += p * (idle - full * MILLI)
                 else:
-                    out += p * sum(f for f in sig if f < milli)
+                    out += p * below[bisect.bisect_left(sig, milli)]
         if len(self._memo) > _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = out
