@@ -106,13 +106,16 @@ class Driver:
         return str(best)
 
 
-def service(doc: dict[str, Any], policy: str, tmp: Path, clock: Clock) -> ExtenderService:
+def service(doc: dict[str, Any], policy: str, tmp: Path, clock: Clock, *, learning_clock: bool) -> ExtenderService:
+    """The extender's service on a file source of `doc`; the holds on `clock`, and the learning's relearn interval too
+    with `learning_clock` (else on the real clock, as extender_latency.py's server: no relearn in a short window)."""
     path = tmp / "cluster.json"
     path.write_text(json.dumps(doc))
     settings = ExtenderSettings.model_validate({"source": "file", "cluster_file": str(path), "node_policy": policy})
     svc = build_service(settings)[0]
     svc.holds.clock = clock
-    svc.learning.clock = clock
+    if learning_clock:
+        svc.learning.clock = clock
     return svc
 
 
@@ -219,7 +222,7 @@ def run_warm(a: argparse.Namespace, tmp: Path) -> Driver:
     doc = lat.make_cluster(a.nodes, 8, rng)
     names = [n["name"] for n in doc["nodes"]]
     clock = Clock()
-    svc = service(doc, a.policy, tmp, clock)
+    svc = service(doc, a.policy, tmp, clock, learning_clock=False)
     drv = Driver(svc, a.answers)
     for t in range(len(lat.TEMPLATES)):
         drv.cycle(lat.make_pod(10**7 + t, rng, template=t), names, bind=False)
@@ -268,7 +271,7 @@ def run_scale(a: argparse.Namespace, tmp: Path) -> Driver:
     doc = {"version": "v1", "nodes": nodes, "allocations": []}
     names = [n["name"] for n in nodes]
     clock = Clock()
-    svc = service(doc, a.policy, tmp, clock)
+    svc = service(doc, a.policy, tmp, clock, learning_clock=True)
     drv = Driver(svc, a.answers)
     size = window_size(a.nodes)
     cfg = scale_bench.Config(nodes=a.nodes, pods=a.pods, rate=a.rate, seed=a.seed)

@@ -639,7 +639,7 @@ class Planner:
             and memo.names != names
             and not memo.name_set.issuperset(names)
         ):
-            memo = None
+            self._extend(memo, names, cache, pod, policy, rank, fits, classes)
         if memo is not None and memo.stale and not known:
             self._freshen(memo, names, cache, pod, policy, rank, fits, classes)
         if memo is None:
@@ -658,6 +658,44 @@ class Planner:
             if self.after_pass is not None:
                 self.after_pass(len(names))
         return memo, cache, policy, rank
+
+    def _extend(
+        self,
+        memo: _Memo,
+        names: list[str],
+        cache: dict[str, tuple[int, NodeResult]],
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
+        classes: Classes | None,
+    ) -> None:
+        """Add the names of `names` that `memo` lacks, from the per-node cache (evaluated where a node changed), at the
+        end in `names`' order, as a refresh records changed nodes: kube-scheduler's window moves on each call (~10 %
+        of the nodes, where the last one stopped), so a memo made over one window, as every shape's is after a relearn,
+        was made again over the next window on every call (~1 us a name) and never came to cover the cluster."""
+        new = [n for n in dict.fromkeys(names) if n not in memo.name_set]
+        ev = memo.evaluation
+        if classes is not None:
+            self._fill(ev, new, cache, pod, policy, rank, fits, classes)
+        else:
+            for name in new:
+                self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+        memo.names = memo.names + new
+        memo.name_set.update(new)
+        if memo.order is not None:
+            for name in new:
+                if name in ev.scores:
+                    memo.order.add(name)
+        ev.priorities = None
+        if ev.ranked is not None:
+            ev.ranked.update(new, ev.scores)
+        memo.subset = memo.passed = None  # `passed` may say "every feasible node", which it no longer is
+        nodes = self.state.nodes
+        if len(memo.name_set) >= len(nodes) and memo.name_set.issuperset(nodes):
+            memo.covers = self.state.names_version
+        if self.after_pass is not None:
+            self.after_pass(len(new))
 
     def _drop_old_epoch(self, key: tuple[object, ...]) -> None:
         """Forget the caches, node classes and memoised evaluation of `key`'s shape, policy and config at another

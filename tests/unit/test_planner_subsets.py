@@ -269,3 +269,53 @@ def test_equal_keys_among_the_best_keep_the_names_order(monkeypatch: pytest.Monk
         assert got == _rank_of(p.evaluate(pod, names).scores, passed, scored=True)
         assert got == to_priorities({n: p.evaluate_node(n, pod).score for n in passed})
     assert any(m.order is not None for m in p._memo.values())
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ["default", "fgd", "random", "binpack"])
+def test_a_memo_made_over_a_window_grows_with_the_next_windows(seed: int, policy: str) -> None:
+    """No call over every node first (as after a relearn): each shape's memo is made over one window and the next
+    windows add their new names to it (`Planner._extend`) until it covers every node; /filter and /prioritize decide
+    as the full path through binds, releases, cordons, nodes leaving and joining and relearns, the kept rank order
+    holds the added nodes, and a memo that covers every node is not added to again."""
+    state = _cluster(seed, policy, nodes=40)
+    p = Planner(state)
+    rng = random.Random(seed)
+    pods = [make_info(f"s{i}", **kw) for i, kw in enumerate(SHAPES)]  # type: ignore[arg-type]
+    extended = 0
+    real = Planner._extend
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        nonlocal extended
+        extended += 1
+        return real(*a, **k)
+
+    p._extend = lambda *a, **k: counted(p, *a, **k)  # type: ignore[method-assign]
+    start = 0
+    covered = 0
+    for step in range(90):
+        pod = pods[step % len(pods)] if step < 40 else rng.choice(pods)
+        if step in (20, 60):
+            p.observe(pod)  # a learning policy relearns: the new epoch's memo starts over a window
+        names = sorted(state.nodes)
+        size = rng.choice([6, 9, 13])
+        asked = [names[(start + k) % len(names)] for k in range(size)]
+        start = (start + size) % len(names)
+        if step % 7 == 3:
+            asked += asked[:2]  # a name asked twice
+        passed, failed, unresolvable = p.filter_names(pod, asked)
+        want = _oracle(p, pod, asked)
+        assert passed == [n for n in asked if n in want.feasible]
+        assert failed == {n: want.failed[n] for n in asked if n in want.failed}
+        assert unresolvable == {n: want.unresolvable[n] for n in asked if n in want.unresolvable}
+        if step % 5 == 2 and passed:  # /prioritize after a bind: the list is not taken on trust
+            _change(state, p, rng, step, passed[:1])
+        assert p.priorities_for(pod, passed) == to_priorities(
+            _oracle(p, pod, passed).scores, state.config.priority_mapping
+        )
+        _check_order(p)
+        covered += sum(m.name_set.issuperset(state.nodes) for m in p._memo.values())
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            _change(state, p, rng, step, asked, new_nodes=step > 70)
+    assert extended > 30
+    assert covered > 0
