@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks.scale import ARM_FIELDS, EXTENDER_USER, REPORT_FIELDS, SCHEDULER_USER, Config, print_report, run
+from benchmarks.scale import (
+    ARM_FIELDS,
+    EXTENDER_USER,
+    ONE_NODE,
+    REPORT_FIELDS,
+    SCHEDULER_USER,
+    Config,
+    print_report,
+    run,
+)
 
 PODS = 200
 
@@ -22,7 +31,7 @@ def report() -> dict[str, Any]:
         pytest.skip("KUBE_VGPU_SKIP_E2E=1: end-to-end tests against a real control plane are skipped")
     # A wave ends once no pod has been bound for settle_s (or all are): 30 s, so a loaded machine's pause of
     # kube-scheduler (its backoff, a CPU-starved apiserver) does not end the baseline's wave short of its 200 binds.
-    r = run(Config(nodes=50, pods=PODS, rate=50, waves=1, settle_s=30))
+    r = run(Config(nodes=50, pods=PODS, rate=50, waves=1, settle_s=30, one_node=True))
     print_report(r)
     return r
 
@@ -54,6 +63,20 @@ def test_report_has_every_field_and_each_arm_measured_what_it_claims(report: dic
     assert base["extender_ms_per_pod"] == {}
     assert report["extender_rss_mib"] > 0 and report["extender_peak_rss_mib"] >= report["extender_rss_mib"]
     assert report["ratio_pods_per_s"] == pytest.approx(ext["pods_per_s"] / base["pods_per_s"], rel=0.01)
+
+
+@pytest.mark.timeout(900)
+def test_the_one_node_arm_bound_through_filter_and_bind_alone(report: dict[str, Any]) -> None:
+    """--one-node: the extender restarted with --filter-answers-one; kube-scheduler never called /prioritize."""
+    one = report["arms"][ONE_NODE]
+    assert set(ARM_FIELDS) <= one.keys() and one["pods"] == PODS and one["bound"] >= PODS * 0.95, one["bound"]
+    assert "prioritize" not in one["extender_ms_per_pod"] and one["extender_ms_per_pod"]["filter"] > 0
+    # /filter and /bind a pod; a bind kube-scheduler retried (a timeout on a loaded machine) may add a pair.
+    assert 2 * one["bound"] <= one["extender_verb_calls"] < 3 * one["bound"], one["extender_verb_calls"]
+    assert one["requests_per_pod"][EXTENDER_USER]["create pods/binding"] >= 1.0
+    assert report["ratio_pods_per_s_one_node"] == pytest.approx(
+        one["pods_per_s"] / report["arms"]["baseline"]["pods_per_s"], rel=0.01
+    )
 
 
 @pytest.mark.timeout(900)
