@@ -53,9 +53,16 @@ def _ranked_first(svc: ExtenderService, pod: dict[str, Any], names: list[str]) -
     return filtered, top["Host"]
 
 
+def _service(state: ClusterState, options: ServiceOptions = ONE) -> ExtenderService:
+    """A service whose soft holds' clock stands still: a loaded machine's pause never expires a hold mid-test."""
+    svc = ExtenderService(state, FakeBinder(), options=options)
+    svc.holds.clock = lambda: 0.0
+    return svc
+
+
 def _twins(options: ServiceOptions = ONE, config: PlacementConfig | None = None) -> tuple[ExtenderService, ...]:
     """The usual service and one with `options`, on equal states."""
-    return tuple(ExtenderService(_cluster(config), FakeBinder(), options=o) for o in (ServiceOptions(), options))
+    return tuple(_service(_cluster(config), o) for o in (ServiceOptions(), options))
 
 
 @pytest.mark.parametrize("policy", ["default", "binpack", "spread"])
@@ -89,7 +96,7 @@ def test_filter_answers_the_node_prioritize_ranks_first_pod_after_pod(policy: st
 def test_two_pods_filtered_back_to_back_get_different_nodes_and_both_bind() -> None:
     """Each pod takes both GPUs of a node: the second, filtered before the first is bound, is answered the other node,
     as /prioritize would have steered it."""
-    svc = ExtenderService(_state(), FakeBinder(), options=ONE)
+    svc = _service(_state())
     p, q = _whole_node_pod("p"), _whole_node_pod("q")
     first = _filter(svc, p, ["a", "b"])["NodeNames"]
     second = _filter(svc, q, ["a", "b"])["NodeNames"]
@@ -105,7 +112,7 @@ def test_two_pods_filtered_back_to_back_get_different_nodes_and_both_bind() -> N
 
 def test_a_pod_that_fits_beside_the_hold_is_answered_the_same_node() -> None:
     """A hold only steers pods that do not fit beside it: 30 % slices share the best node."""
-    svc = ExtenderService(_state(), FakeBinder(), options=ONE)
+    svc = _service(_state())
     first = _filter(svc, _pod("p", 30), ["a", "b"])["NodeNames"]
     assert _filter(svc, _pod("q", 30), ["a", "b"])["NodeNames"] == first
 
@@ -113,7 +120,7 @@ def test_a_pod_that_fits_beside_the_hold_is_answered_the_same_node() -> None:
 def test_every_best_node_held_answers_every_feasible_node() -> None:
     """Two whole-node pods hold both nodes: a third has no node free of holds, so the usual answer goes back (and
     /prioritize, called then, decides as without the setting); no hold is left for it."""
-    svc = ExtenderService(_state(), FakeBinder(), options=ONE)
+    svc = _service(_state())
     _filter(svc, _whole_node_pod("p"), ["a", "b"])
     _filter(svc, _whole_node_pod("q"), ["a", "b"])
     r = _whole_node_pod("r")
@@ -123,7 +130,7 @@ def test_every_best_node_held_answers_every_feasible_node() -> None:
 
 
 def test_hold_expires_and_goes_with_the_pod() -> None:
-    svc = ExtenderService(_state(), FakeBinder(), options=ONE)
+    svc = _service(_state())
     now = [0.0]
     svc.holds.clock = lambda: now[0]
     p, q = _whole_node_pod("p"), _whole_node_pod("q")
@@ -209,7 +216,7 @@ def _preempt_service(options: ServiceOptions) -> tuple[ExtenderService, dict[str
         state.upsert_node(
             NodeInventory(n, tuple(GpuDevice(f"GPU-{n}-{i}", i, "H100", 81920, split_count=4) for i in range(2)))
         )
-    svc = ExtenderService(state, FakeBinder(), options=options)
+    svc = _service(state, options)
     pods = _fill(svc)
     svc.pod_event("DELETED", pods["b1"])  # GPU 0 of node a has 51920 MiB free, held for the preemptor
     online = _prio_pod("online", 40000, 1000)
@@ -235,5 +242,5 @@ def test_a_preemptor_holding_room_keeps_it_and_the_lower_pod_is_answered_another
 
 
 def test_the_setting_is_off_by_default() -> None:
-    svc = ExtenderService(_state(), FakeBinder())
+    svc = _service(_state(), ServiceOptions())
     assert sorted(_filter(svc, _pod("p"), ["a", "b"])["NodeNames"]) == ["a", "b"] and not len(svc.holds)
