@@ -33,7 +33,7 @@ _active = 0  # lists in progress
 _resume = True  # whether the collector was on when the first of them began
 _freeze = False  # freeze what the lists built once the last of them is done (the extender's process only)
 SETTLE_NAMES = 4096  # node evaluations a planner makes before `settle` freezes them: about one pass at 5,000 nodes
-RESET_SETTLES = 256  # settles between two collections of the whole heap (see the module docstring)
+RESET_SETTLES = 1024  # settles between two collections of the whole heap (see the module docstring)
 _made = 0  # node evaluations since the last settle
 _settles = 0
 
