@@ -18,7 +18,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal, NamedTuple, TypeVar
 
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
@@ -89,6 +89,19 @@ class _Shared:
     # whose first GPU has the lowest index there.
     tied: dict[int, _Shared] | None = None
     result: NodeResult | None = None  # for a failure: the one result every node of the class gets (it names none)
+
+
+# A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
+_ABSENT = "\x00absent"
+
+
+class _Absent(NamedTuple):
+    """`Planner._absent`: the pod with model `_ABSENT` and its shape's per-node cache, shape memo and node classes."""
+
+    pod: PodInfo
+    cache: dict[str, tuple[int, NodeResult]]
+    fits: ShapeMemo
+    classes: Classes | None
 
 
 _PER_NODE = _Shared(None)  # the class's answer names GPUs by order (a tie, a cordon, NVLink...): evaluate each node
@@ -613,14 +626,7 @@ class Planner:
         policy, rank = self._resolve(pod)
         key: tuple[object, ...] = (_shape(pod), policy.name, policy.epoch, self.state.config)
         memo_key = self._memo_key(key, pod, policy)
-        cache = self._cache.get(key)
-        if cache is None:
-            self._drop_old_epoch(key)
-            cache = self._cache[key] = {}
-            if len(self._cache) > _CACHED_SHAPES:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+        cache = self._shape_cache(key)
         fits = self._shape_memo(pod)
         classes = self._classes_for(key, pod, policy, rank)
         key = memo_key
@@ -658,6 +664,32 @@ class Planner:
             if self.after_pass is not None:
                 self.after_pass(len(names))
         return memo, cache, policy, rank
+
+    def _shape_cache(self, key: tuple[object, ...]) -> dict[str, tuple[int, NodeResult]]:
+        """The per-node cache of (shape, policy, epoch, config) `key`, made on first use (most recent last)."""
+        cache = self._cache.get(key)
+        if cache is None:
+            self._drop_old_epoch(key)
+            cache = self._cache[key] = {}
+            if len(self._cache) > _CACHED_SHAPES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return cache
+
+    def _absent(self, pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> _Absent | None:
+        """For a P/D pod with a model: the same pod with a model no node runs (`_ABSENT`) and its shape's caches. On a
+        node that runs neither the pod's model nor `_ABSENT` (`NodeState.models`), every read of the model (the GPU
+        role order, NVLink to a counterpart, the role score's complementarity and locality) compares it with the
+        models there and finds no match either way, so the two decide alike: pods of every model share one evaluation
+        of such a node, where each model re-evaluated every node that changed since its own last pod."""
+        if pod.model is None or not (pod.role.does_prefill or pod.role.does_decode):
+            return None
+        stand_in = dataclasses.replace(pod, model=_ABSENT)
+        key = (_shape(stand_in), policy.name, policy.epoch, self.state.config)
+        return _Absent(
+            stand_in, self._shape_cache(key), self._shape_memo(stand_in), self._classes_for(key, stand_in, policy, rank)
+        )
 
     def _extend(
         self,
@@ -872,8 +904,9 @@ class Planner:
             return
         ev = memo.evaluation
         order = sorted(due)
+        absent = self._absent(pod, policy, rank)
         for name in order:
-            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes, absent))
         if memo.order is not None:
             for name in order:
                 if name in ev.scores:
@@ -893,12 +926,20 @@ class Planner:
         rank: GpuRank,
         fits: ShapeMemo,
         classes: Classes | None,
+        absent: _Absent | None = None,
     ) -> NodeResult:
+        """The node's result from the cache, evaluated and kept there when the node changed; `absent` (`_absent`): on a
+        node that runs neither model, from the shared evaluation of the pod with no node's model (scored for `pod`)."""
         node = self.state.nodes.get(name)
+        evaluated = pod
+        if absent is not None and node is not None:
+            models = node.models
+            if pod.model not in models and _ABSENT not in models:
+                evaluated, cache, fits, classes = absent
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
             return self._drawn(name, pod, policy, hit[1])
-        result = self._evaluate(name, pod, policy, rank, fits, classes)
+        result = self._evaluate(name, evaluated, policy, rank, fits, classes)
         if node is not None:
             cache[name] = (node.version, result)
         return self._drawn(name, pod, policy, result)

@@ -218,6 +218,7 @@ class NodeState:
     # Cache of `class_key` for `version`, with the first GPU (in `gpus` order) of each distinct GPU state.
     class_memo: tuple[int, int, dict[int, GpuUsage]] | None = field(default=None, repr=False, compare=False)
     static_memo: tuple[object, ...] | None = field(default=None, repr=False, compare=False)
+    models_memo: tuple[int, frozenset[str | None]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, inventory: NodeInventory) -> NodeState:
@@ -275,6 +276,19 @@ class NodeState:
         if memo is None or memo[0] != self.version:
             memo = self._classify()
         return memo
+
+    @property
+    def models(self) -> frozenset[str | None]:
+        """Every model the node's pods run, on a GPU or not (`role_models`, each GPU holder's): what a pod's evaluation
+        compares its own model with (vgpu.planner shares one evaluation between pods of models not among them)."""
+        memo = self.models_memo
+        if memo is None or memo[0] != self.version:
+            held = {m for _, m in self.role_models}
+            for u in self.gpus:
+                for h in u.holders:
+                    held.add(h.model)
+            memo = self.models_memo = (self.version, frozenset(held))
+        return memo[1]
 
     def _classify(self) -> tuple[int, int, dict[int, GpuUsage]]:
         first: dict[int, GpuUsage] = {}

@@ -98,3 +98,42 @@ def test_whole_card_pods_of_other_models_share_one_evaluation(monkeypatch: pytes
         assert len(fits) <= 1
         for pod, ev in zip((b, c, a), evs, strict=True):
             _same(ev, _fresh(p, pod, list(state.nodes)))
+
+
+def test_pd_pods_of_models_a_node_does_not_run_share_its_re_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a bind, a P/D pod of a model the changed node does not run re-fits it once for every such model; a pod
+    of a model it runs re-fits it on its own. Each decides what the uncached full path decides."""
+    state = _class_cluster(2, "default", patterns=6)
+    p = Planner(state)
+    fits: list[str] = []
+    real = planner_mod.fit_node
+
+    def counted(node, pod, *a, **k):  # type: ignore[no-untyped-def]
+        fits.append(node.name)
+        return real(node, pod, *a, **k)
+
+    monkeypatch.setattr(planner_mod, "fit_node", counted)
+    size = {"gpumem_percentage": 20, "gpucores": 20}
+    pods = {m: make_info(f"d-{m}", role="decode", model=m, **size) for m in ("a", "b", "c", "m")}  # type: ignore[arg-type]
+    for pod in pods.values():
+        p.evaluate(pod)
+    best = p.evaluate(pods["c"]).best()
+    assert best is not None and best[1].placement is not None
+    node = best[0]
+    state.apply("bg/bound-c", best[1].placement.assignment(pods["c"]))  # the node now runs default/c
+    assert "default/c" in state.nodes[node].models
+    assert "default/a" not in state.nodes[node].models and "default/b" not in state.nodes[node].models
+    fits.clear()
+    evs = {m: p.evaluate(pod) for m, pod in pods.items()}
+    runs_m = "default/m" in state.nodes[node].models
+    assert fits.count(node) == 1 + 1 + (1 if runs_m else 0)  # a and b share one; c on its own; m on its own if run
+    for m, pod in pods.items():
+        _same(evs[m], _fresh(p, pod, list(state.nodes)))
+
+
+def test_a_node_s_models_are_those_its_pods_run() -> None:
+    state = _class_cluster(3, "default", patterns=6)
+    for node in state.nodes.values():
+        held = {m for (_, m), n in node.role_models.items() if n > 0}
+        held |= {h.model for u in node.gpus for h in u.holders}
+        assert node.models == held
