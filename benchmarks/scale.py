@@ -11,9 +11,10 @@ deleted again (churn). Waves alternate between two arms on ONE kube-scheduler pr
   extender is not interested in them (managedResources) and kube-scheduler filters, scores and binds on its own.
   The extender's verb counters are read before and after to prove it was not called;
 * ``one-node`` (with ``--one-node``): the extender arm's pods with the extender restarted with
-  ``--filter-answers-one``, so /filter answers one node and kube-scheduler neither scores nor calls /prioritize. The
-  extender is restarted whenever the setting changes from one wave to the next, so both GPU arms start each wave on a
-  fresh extender process (its first lists, its planner's caches empty), and the ratios share one baseline.
+  ``--filter-answers-one``, so /filter answers one node and kube-scheduler neither scores nor calls /prioritize. With
+  it the extender is restarted before every GPU wave, so both GPU arms start each wave on a fresh extender process
+  (its first lists, its planner's caches empty), and the ratios share one baseline. The two GPU arms swap order every
+  other wave.
 
 Alternating the arms wave by wave spreads the noise of a shared machine over both. Per arm it reports pods/s
 (bound pods over first create to last bind), creation-to-bound p50/p99 (from the client's create call to the pod's
@@ -530,8 +531,9 @@ def run(cfg: Config) -> dict[str, Any]:
         peak_rss = 0.0
         try:
             for i in range(cfg.waves):
-                for arm in arms_run:
-                    if arm != "baseline" and (ONE_NODE_FLAG in ext.args) != (arm == ONE_NODE):
+                # The two GPU arms swap places every other wave, so neither always runs right after the other.
+                for arm in arms_run if i % 2 == 0 else (arms_run[0], *reversed(arms_run[1:])):
+                    if cfg.one_node and arm != "baseline":  # each GPU wave on a fresh extender, with its setting
                         peak_rss = max(peak_rss, rss_mib(ext.proc.pid)[1])  # type: ignore[union-attr]
                         restart_extender(cp, ext, one_node=arm == ONE_NODE)
                     w, o, s = run_wave(cfg, cp, ext, watch, audit, namespace, arm, i)
