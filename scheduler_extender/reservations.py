@@ -74,7 +74,9 @@ class Reservations:
 
     def _apply(self, key: str, node: str, info: PodInfo) -> Assignment:
         try:
-            result = self.planner.evaluate_node(node, info)
+            # The pod shape's cached result while the node is at the version it was evaluated at (the cache is per node
+            # version, policy and epoch: the same decision as a fresh fit, which it was only for a node that changed).
+            result = self.planner.cached_result(node, info)
         except UnknownPolicyError as exc:
             raise Refused(str(exc)) from None
         if result.placement is None:

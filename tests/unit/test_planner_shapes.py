@@ -137,3 +137,26 @@ def test_a_node_s_models_are_those_its_pods_run() -> None:
         held = {m for (_, m), n in node.role_models.items() if n > 0}
         held |= {h.model for u in node.gpus for h in u.holders}
         assert node.models == held
+
+
+def test_cached_result_is_a_fresh_fit_and_a_changed_node_is_fitted_again() -> None:
+    """/bind takes `Planner.cached_result`: the evaluation's own result while the node is at that version, else a
+    fresh fit (never the result of the node before a bind)."""
+    state = _class_cluster(4, "default", patterns=6)
+    p = Planner(state)
+    pods = [make_info(f"c{i}", **kw) for i, kw in enumerate(SIZES)]  # type: ignore[arg-type]
+    pods.append(make_info("pd", role="prefill", model="m", gpumem_percentage=25, gpucores=40))
+    for step in range(6):
+        for pod in pods:
+            ev = p.evaluate(pod)
+            for name in state.nodes:
+                got, want = p.cached_result(name, pod), p.evaluate_node(name, pod)
+                assert (got.placement, got.score, got.failure) == (want.placement, want.score, want.failure)
+            best = ev.best()
+            if best is not None and best[1].placement is not None and pod is pods[step % len(pods)]:
+                old = p.cached_result(best[0], pod)
+                state.apply(f"bg/s{step}", best[1].placement.assignment(pod))
+                new = p.cached_result(best[0], pod)
+                assert new is not old
+                want = p.evaluate_node(best[0], pod)
+                assert (new.placement, new.score, new.failure) == (want.placement, want.score, want.failure)
