@@ -579,11 +579,13 @@ class Planner:
             tied[one.state] = one
         return dataclasses.replace(chosen, tied=tied)
 
-    def _of_class(self, node: NodeState, shared: _Shared) -> NodeResult:
-        """The class's answer on this node: its first GPU in the chosen state, the same slice and score."""
+    def _of_class(self, node: NodeState, shared: _Shared, firsts: dict[int, GpuUsage] | None = None) -> NodeResult:
+        """The class's answer on this node: its first GPU in the chosen state, the same slice and score. `firsts`: the
+        node's `first_of_state`, where the caller has it."""
         if shared.state is None:
             return NodeResult(None, failure=shared.failure)
-        firsts = node.first_of_state
+        if firsts is None:
+            firsts = node.first_of_state
         state = shared.state
         if shared.tied is not None:
             low = None
@@ -955,8 +957,9 @@ class Planner:
         fits: ShapeMemo,
         classes: Classes,
     ) -> None:
-        """`_record(out, name, _cached(...))` for every name, with the common case of a node whose class is known
-        (one best state, a score the same on every node of it) inline: a cold pass over 5,000 nodes is mostly that."""
+        """`_record(out, name, _cached(...))` for every name, with a node whose class is known inline (`_of_class`
+        where the class's answer is a tie or its score takes the node's own headroom): a cold pass over 5,000 nodes is
+        mostly that."""
         nodes = self.state.nodes
         feasible, scores = out.feasible, out.scores
         for name in names:
@@ -966,15 +969,18 @@ class Planner:
                 if hit is None or hit[0] != node.version:
                     _, ckey, firsts = node.classified()
                     shared = classes.get(ckey)
-                    if shared is not None and shared.tied is None:
-                        score = shared.score
-                        if shared.state is not None and score is not None:
-                            result = NodeResult.of_class(name, firsts[shared.state].device, shared, score)
+                    if shared is not None and shared is not _PER_NODE:
+                        if shared.state is not None:
+                            score = shared.score
+                            if shared.tied is None and score is not None:
+                                result = NodeResult.of_class(name, firsts[shared.state].device, shared, score)
+                            else:  # a tie between states, or the node's own headroom in the score
+                                result = self._of_class(node, shared, firsts)
                             cache[name] = (node.version, result)
                             feasible[name] = result
-                            scores[name] = score
+                            scores[name] = result.score
                             continue
-                        if shared.state is None and shared.result is not None:
+                        if shared.result is not None:
                             cache[name] = (node.version, shared.result)
                             self._record(out, name, shared.result)
                             continue
