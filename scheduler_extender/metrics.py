@@ -235,6 +235,15 @@ class ExtenderMetrics:
             registry=self.rest,
         )
 
+        self.one_node = Counter(
+            "vgpu_extender_one_node_answers_total",
+            "--filter-answers-one: /filter calls of a pod that fits, by outcome: one (a single node answered, no "
+            "/prioritize follows), all-held (every best-ranked node is blocked by other pods' soft holds: the whole "
+            "answer went back and /prioritize decides)",
+            ["outcome"],
+            registry=self.rest,
+        )
+
         self.registry.register(_Rest(self.rest))
 
     def exposition(self, lock: AbstractContextManager[object]) -> bytes:

@@ -215,6 +215,7 @@ class ExtenderService:
                     if items is not None and evaluation is not None:
                         passed = self.planner.passing(info, known, evaluation)
                     chosen = self._one_node(info, passed)
+                    self.metrics.one_node.labels("all-held" if chosen is None else "one").inc()
                     if chosen is not None and items is None:
                         passed = [chosen]
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node

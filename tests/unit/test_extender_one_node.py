@@ -60,6 +60,12 @@ def _service(state: ClusterState, options: ServiceOptions = ONE) -> ExtenderServ
     return svc
 
 
+def _one_node_count(svc: ExtenderService, outcome: str) -> float:
+    """vgpu_extender_one_node_answers_total{outcome} as the extender's /metrics exports it."""
+    value = svc.metrics.rest.get_sample_value("vgpu_extender_one_node_answers_total", {"outcome": outcome})
+    return value or 0.0
+
+
 def _twins(options: ServiceOptions = ONE, config: PlacementConfig | None = None) -> tuple[ExtenderService, ...]:
     """The usual service and one with `options`, on equal states."""
     return tuple(_service(_cluster(config), o) for o in (ServiceOptions(), options))
@@ -108,6 +114,7 @@ def test_two_pods_filtered_back_to_back_get_different_nodes_and_both_bind() -> N
     binder.pods["ns/p"], binder.pods["ns/q"] = p, q
     assert _bind(svc, p, first[0]) == "" and "ns/p" not in svc.holds
     assert _bind(svc, q, second[0]) == "" and not len(svc.holds)  # no "no longer fits"
+    assert _one_node_count(svc, "one") == 2 and _one_node_count(svc, "all-held") == 0
 
 
 def test_a_pod_that_fits_beside_the_hold_is_answered_the_same_node() -> None:
@@ -127,6 +134,7 @@ def test_every_best_node_held_answers_every_feasible_node() -> None:
     assert sorted(_filter(svc, r, ["a", "b"])["NodeNames"]) == ["a", "b"]
     assert "ns/r" not in svc.holds
     assert svc.prioritize(schema.ExtenderArgs(Pod=r, NodeNames=["a", "b"])) == []  # both steered to 0
+    assert _one_node_count(svc, "one") == 2 and _one_node_count(svc, "all-held") == 1
 
 
 def test_hold_expires_and_goes_with_the_pod() -> None:
