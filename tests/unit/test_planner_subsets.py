@@ -201,13 +201,13 @@ def test_top_of_is_rank_of_for_feasible_names() -> None:
 
 
 def _check_order(p: Planner) -> None:
-    """Each memo's `_Order` holds exactly its evaluation's feasible nodes, by key descending."""
+    """Each memo's `_Order` holds exactly its evaluation's feasible nodes, by key rising."""
     for memo in p._memo.values():
         if memo.order is not None:
-            got = memo.order.names
+            got = memo.order.rising
             assert sorted(got) == sorted(memo.evaluation.scores)
             keys = [memo.keys[n] for n in got]
-            assert keys == sorted(keys, reverse=True)
+            assert keys == sorted(keys)
 
 
 @pytest.mark.parametrize("seed", range(3))
