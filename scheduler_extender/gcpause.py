@@ -18,7 +18,7 @@ each, inside a re-scoring that costs ~60 ms itself (benchmarks/cold_shape.py --r
 passes, runs a full collection, which walks only what is not frozen (mostly what the pass made: ~10 ms) and frees any
 cyclic garbage there, and then freezes what is left. What a freeze can still take along is a cycle that becomes garbage
 later, such as a request's objects alive during the pass; so that such cycles cannot pile up, every `RESET_SETTLES`-th
-settle unfreezes, collects the whole heap (one pause of a full collection, 0.3-0.7 s at 5,000 nodes) and freezes again.
+settle unfreezes, collects the whole heap (one pause of a full collection, ~0.6 s at 5,000 nodes) and freezes again.
 """
 
 from __future__ import annotations
