@@ -311,6 +311,22 @@ def _shape(pod: PodInfo) -> tuple[object, ...]:
     return (key[0], key[1], None, *key[3:])  # shape_key's third item is the model
 
 
+def _own_names(result: NodeResult, pod: PodInfo) -> NodeResult:
+    """`result` naming `pod`'s own containers: a cached result may be another pod's of the same shape
+    (`PodRequest.shape` leaves container names out; one container per request, in spec order), and the Assignment
+    /bind writes must name this pod's (vgpu.assignment_check refuses any other at the device plugin's Allocate)."""
+    placement = result.placement
+    if placement is None:
+        return result
+    names = [r.container for r in pod.request.containers]
+    if [c.name for c in placement.containers] == names:
+        return result
+    containers = tuple(
+        ContainerAssignment(name=n, devices=c.devices) for c, n in zip(placement.containers, names, strict=True)
+    )
+    return NodeResult(NodePlacement(placement.node, containers), score=result.score, failure=result.failure)
+
+
 def _idle(node: NodeState) -> set[str]:
     return {u.device.uuid for u in node.gpus if not u.holders}
 
@@ -855,7 +871,7 @@ class Planner:
         node = self.state.nodes.get(node_name)
         hit = None if cache is None else cache.get(node_name)
         if node is not None and hit is not None and hit[0] == node.version:
-            return self._drawn(node_name, pod, policy, hit[1])
+            return self._drawn(node_name, pod, policy, _own_names(hit[1], pod))
         return self.evaluate_node(node_name, pod)
 
     def _refresh(self, memo: _Memo) -> bool:

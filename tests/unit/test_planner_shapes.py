@@ -9,7 +9,7 @@ import random
 import pytest
 
 import vgpu.planner as planner_mod
-from tests.conftest import make_info
+from tests.conftest import make_container, make_info
 from tests.unit.test_fit_fast import _class_cluster, _fresh, _same
 from vgpu.planner import Planner, _shape
 from vgpu.pod import PodInfo
@@ -160,3 +160,24 @@ def test_cached_result_is_a_fresh_fit_and_a_changed_node_is_fitted_again() -> No
                 assert new is not old
                 want = p.evaluate_node(best[0], pod)
                 assert (new.placement, new.score, new.failure) == (want.placement, want.score, want.failure)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_cached_result_names_the_pods_own_containers(size: dict[str, object]) -> None:
+    """Pods of one shape with other container names share the per-shape cache (`PodRequest.shape` has no names), but
+    /bind's `cached_result` is this pod's fresh fit: the Assignment it writes names this pod's containers, which the
+    device plugin checks against the pod's spec (vgpu.assignment_check)."""
+    state = _class_cluster(5, "default", patterns=6)
+    p = Planner(state)
+    first = make_info("a", role="decode", model="m", containers=[make_container("vllm", **size)])
+    other = make_info("b", role="decode", model="m", containers=[make_container("server", **size)])
+    assert _shape(first) == _shape(other)
+    p.evaluate(first)  # fills the shape's per-node cache with `first`'s container name
+    fitted = 0
+    for name in state.nodes:
+        got, want = p.cached_result(name, other), p.evaluate_node(name, other)
+        assert (got.placement, got.score, got.failure) == (want.placement, want.score, want.failure)
+        if got.placement is not None:
+            fitted += 1
+            assert [c.name for c in got.placement.assignment(other).containers] == ["server"]
+    assert fitted  # the cluster has room for the shape: the names were compared
