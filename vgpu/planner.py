@@ -865,12 +865,13 @@ class Planner:
 
     def cached_result(self, node_name: str, pod: PodInfo) -> NodeResult:
         """`evaluate_node`'s answer, taken from this pod shape's per-node cache while the node has not changed since it
-        was evaluated there (the cache is per node version, policy and epoch, so it is the same decision)."""
+        was evaluated there (the cache is per node version, policy and epoch, so it is the same decision). A failure is
+        fitted again: its reason may name another pod's containers (`_own_names`), and /bind's refusal shows it."""
         policy, _ = self._resolve(pod)
         cache = self._cache.get((_shape(pod), policy.name, policy.epoch, self.state.config))
         node = self.state.nodes.get(node_name)
         hit = None if cache is None else cache.get(node_name)
-        if node is not None and hit is not None and hit[0] == node.version:
+        if node is not None and hit is not None and hit[0] == node.version and hit[1].failure is None:
             return self._drawn(node_name, pod, policy, _own_names(hit[1], pod))
         return self.evaluate_node(node_name, pod)
 

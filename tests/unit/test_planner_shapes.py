@@ -181,3 +181,15 @@ def test_cached_result_names_the_pods_own_containers(size: dict[str, object]) ->
             fitted += 1
             assert [c.name for c in got.placement.assignment(other).containers] == ["server"]
     assert fitted  # the cluster has room for the shape: the names were compared
+
+
+def test_cached_result_fails_naming_the_pods_own_container() -> None:
+    """/bind's refusal says why this pod does not fit: a cached failure of another pod of the shape names its container."""
+    state = _class_cluster(5, "default", patterns=6)
+    p = Planner(state)
+    first = make_info("a", containers=[make_container("vllm", gpu=64, gpumem_percentage=10)])
+    other = make_info("b", containers=[make_container("server", gpu=64, gpumem_percentage=10)])
+    assert not p.evaluate(first).feasible  # no node has 64 GPUs: every node's cached failure names 'vllm'
+    for name in state.nodes:
+        got = p.cached_result(name, other)
+        assert got.failure is not None and "'server'" in got.failure.reason, got.failure
