@@ -252,3 +252,20 @@ def test_a_preemptor_holding_room_keeps_it_and_the_lower_pod_is_answered_another
 def test_the_setting_is_off_by_default() -> None:
     svc = _service(_state(), ServiceOptions())
     assert sorted(_filter(svc, _pod("p"), ["a", "b"])["NodeNames"]) == ["a", "b"] and not len(svc.holds)
+
+
+def test_bind_writes_the_pods_own_container_names_after_another_pod_of_the_shape() -> None:
+    """/bind reserves the shape's cached result (`Planner.cached_result`), which another pod of the same shape with
+    other container names filled: the Binding's assignment names this pod's containers (the device plugin checks
+    them against the pod's spec)."""
+    svc = _service(_cluster(PlacementConfig(node_policy="binpack")))  # learns nothing: one epoch for both pods
+    binder = svc.binder
+    assert isinstance(binder, FakeBinder)
+    first = _sized("first", 30)
+    other = _sized("other", 30)
+    other["spec"]["containers"][0]["name"] = "server"
+    assert _filter(svc, first, NAMES)["NodeNames"]  # the shape's per-node cache now names container "c"
+    (node,) = _filter(svc, other, NAMES)["NodeNames"]
+    binder.pods["ns/other"] = other
+    assert _bind(svc, other, node) == ""
+    assert [c.name for c in binder.written["ns/other"].containers] == ["server"]
