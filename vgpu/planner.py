@@ -667,11 +667,7 @@ class Planner:
             self._freshen(memo, names, cache, pod, policy, rank, fits, classes)
         if memo is None:
             out = Evaluation()
-            if classes is not None:
-                self._fill(out, names, cache, pod, policy, rank, fits, classes)
-            else:
-                for name in names:
-                    self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+            self._fill(out, names, cache, pod, policy, rank, fits, classes)
             memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
             nodes = self.state.nodes
             if len(memo.name_set) >= len(nodes) and memo.name_set.issuperset(nodes):
@@ -725,11 +721,7 @@ class Planner:
         was made again over the next window on every call (~1 us a name) and never came to cover the cluster."""
         new = [n for n in dict.fromkeys(names) if n not in memo.name_set]
         ev = memo.evaluation
-        if classes is not None:
-            self._fill(ev, new, cache, pod, policy, rank, fits, classes)
-        else:
-            for name in new:
-                self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+        self._fill(ev, new, cache, pod, policy, rank, fits, classes)
         memo.names = memo.names + new
         memo.name_set.update(new)
         if memo.order is not None:
@@ -971,11 +963,15 @@ class Planner:
         policy: NodePolicy,
         rank: GpuRank,
         fits: ShapeMemo,
-        classes: Classes,
+        classes: Classes | None,
     ) -> None:
         """`_record(out, name, _cached(...))` for every name, with a node whose class is known inline (`_of_class`
         where the class's answer is a tie or its score takes the node's own headroom): a cold pass over 5,000 nodes is
-        mostly that."""
+        mostly that. Without node classes (a policy or shape they do not hold for), each node through `_cached`."""
+        if classes is None:
+            for name in names:
+                self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
+            return
         nodes = self.state.nodes
         feasible, scores = out.feasible, out.scores
         for name in names:
