@@ -83,6 +83,8 @@ ARM_FIELDS = (
     "p99_ms",
     "max_ms",
     "cpu_ms_per_pod",
+    "extender_threads_cpu_ms_per_pod",
+    "extender_connections_per_pod",
     "requests_per_pod",
     "extender_verb_calls",
     "extender_ms_per_pod",
@@ -130,6 +132,8 @@ class Wave:
     created: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
+    threads_s: dict[str, float] = field(default_factory=dict)  # the extender's CPU by thread group
+    connections: int = 0  # kube-scheduler's connections to the extender seen during the wave
     requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
     verbs: collections.Counter[str] = field(default_factory=collections.Counter)
     failed: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -298,6 +302,70 @@ def extender_verbs(ext: Extender) -> collections.Counter[str]:
     return collections.Counter({f"{kind} {verb}": float(v) for kind, verb, v in re.findall(pattern, text, re.M)})
 
 
+# The extender's threads by the name they give the kernel (scheduler_extender.threadnames); its main thread runs
+# the event loop (TLS, HTTP, routing, answers).
+THREAD_GROUPS = (
+    ("verb_", "verb workers"),
+    ("bind_", "bind"),
+    ("reflector-pods", "pod watch"),
+    ("reflector-nodes", "node watch"),
+)
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Per thread of `pid`: its group (THREAD_GROUPS, `event loop` for the main thread, else `other`) and its
+    utime + stime in seconds (proc(5), /proc/<pid>/task/<tid>/stat). A thread that ended meanwhile is left out."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        tid = int(task.name)
+        group = "event loop" if tid == pid else next((g for p, g in THREAD_GROUPS if comm.startswith(p)), "other")
+        out[tid] = (group, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def threads_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per thread group between two `thread_cpu` reads (a thread started meanwhile counts from 0)."""
+    out: collections.Counter[str] = collections.Counter()
+    for tid, (group, s) in after.items():
+        out[group] += s - before.get(tid, (group, 0.0))[1]
+    return dict(out)
+
+
+class ConnectionSampler:
+    """kube-scheduler's TCP connections to the extender's port, sampled from /proc/net/tcp every `period_s` (no
+    process spawned per sample): a connection is counted once per peer port seen established. One opened and closed
+    between two samples is missed, so this is a floor; each new connection costs the extender a TLS handshake."""
+
+    def __init__(self, port: int, period_s: float = 0.05) -> None:
+        self.local = f":{port:04X}"
+        self.period_s = period_s
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conn-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        table = Path("/proc/net/tcp")  # the extender listens on 127.0.0.1
+        while not self._stop.is_set():
+            for line in table.read_text().splitlines()[1:]:
+                parts = line.split()  # sl local_address rem_address st ...; st 01 is ESTABLISHED
+                if len(parts) > 3 and parts[3] == "01" and parts[1].endswith(self.local):
+                    self.seen.add(parts[2])
+            self._stop.wait(self.period_s)
+
+    def close(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return len(self.seen)
+
+
 def percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
@@ -378,6 +446,8 @@ def run_wave(
     pids = {"extender": ext.proc.pid, "kube-scheduler": cp.scheduler.pid}  # type: ignore[union-attr]
     pids |= {p.name: p.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
     cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    threads0 = thread_cpu(pids["extender"])
+    sampler = ConnectionSampler(ext.port)
     verbs0 = extender_verbs(ext)
     audit.take()
     bodies = [
@@ -409,6 +479,7 @@ def run_wave(
         if count == len(keys) or now - last_change > cfg.settle_s or now - t0 > cfg.wave_timeout_s:
             break
         time.sleep(0.2)
+    w.connections = sampler.close()
     with watch.lock:
         w.bound = {k: watch.bound[k] for k in keys if k in watch.bound}
     over, stale = audit_pods(core, namespace, wave_name) if arm != "baseline" else (0, 0)
@@ -434,6 +505,7 @@ def run_wave(
             raise TimeoutError(f"the extender still holds slices of wave {wave_name} 120 s after its deletion")
         time.sleep(0.5)
     w.cpu_s = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
+    w.threads_s = threads_delta(threads0, thread_cpu(pids["extender"]))
     w.requests = audit.take()
     return w, over, stale
 
@@ -458,11 +530,13 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     span = sum(max(w.bound.values()) - min(w.created.values()) for w in waves if w.bound)
     create_span = sum(max(w.created.values()) - min(w.created.values()) for w in waves)
     cpu: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
     verbs: collections.Counter[str] = collections.Counter()
     reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     failed: collections.Counter[str] = sum((w.failed for w in waves), collections.Counter())
     for w in waves:
         cpu.update(w.cpu_s)
+        threads.update(w.threads_s)
         verbs.update(w.verbs)
         for user, c in w.requests.items():
             reqs[user].update(c)
@@ -476,6 +550,11 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
         "p99_ms": round(percentile(lat, 0.99), 1),
         "max_ms": round(max(lat, default=float("nan")), 1),
         "cpu_ms_per_pod": {k: round(v * 1000 / max(bound, 1), 2) for k, v in sorted(cpu.items())},
+        "extender_threads_cpu_ms_per_pod": {
+            k: round(v * 1000 / max(bound, 1), 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
+        },
+        # kube-scheduler's connections to the extender (sampled: a floor) per bound pod; 0 in the baseline arm.
+        "extender_connections_per_pod": round(sum(w.connections for w in waves) / max(bound, 1), 3),
         "requests_per_pod": {
             user: {
                 "total": round(sum(c.values()) / max(bound, 1), 2),
@@ -603,6 +682,11 @@ def print_report(r: dict[str, Any]) -> None:
     for arm, a in r["arms"].items():
         cpu = ", ".join(f"{k} {v}" for k, v in a["cpu_ms_per_pod"].items())
         print(f"CPU ms per bound pod ({arm}): {cpu}")
+        threads = ", ".join(f"{k} {v}" for k, v in a["extender_threads_cpu_ms_per_pod"].items())
+        print(f"extender CPU ms per bound pod by thread ({arm}): {threads}")
+        print(
+            f"kube-scheduler connections to the extender per bound pod ({arm}, sampled): {a['extender_connections_per_pod']}"
+        )
         for user, reqs in a["requests_per_pod"].items():
             print(f"apiserver requests per bound pod ({arm}, {user}): {json.dumps(reqs)}")
         print(

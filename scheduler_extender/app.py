@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from scheduler_extender import schema
 from scheduler_extender.service import BadRequest, ExtenderService
+from scheduler_extender.threadnames import name_os_thread
 from vgpu.clusterfile import dump_cluster
 from vgpu.podshape import PodShapeError, check_pod_shape
 from vgpu_http.body import TooLarge, json_values, read_capped
@@ -104,8 +105,13 @@ def create_app(
     # /bind waits on apiserver round trips (a second and more under load, benchmarks/scale.py): on threads of its
     # own it never takes the worker threads that /filter and /prioritize, kube-scheduler's serial scheduling cycle,
     # need.
-    bind_threads = concurrent.futures.ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="bind")
-    verb_threads = concurrent.futures.ThreadPoolExecutor(VERB_THREADS, thread_name_prefix="verb")
+    # Named for the kernel too (scheduler_extender.threadnames): benchmarks/scale.py splits the CPU by thread.
+    bind_threads = concurrent.futures.ThreadPoolExecutor(
+        BIND_THREADS, thread_name_prefix="bind", initializer=name_os_thread
+    )
+    verb_threads = concurrent.futures.ThreadPoolExecutor(
+        VERB_THREADS, thread_name_prefix="verb", initializer=name_os_thread
+    )
 
     def verb_route(verb: str, model: type[BaseModel], call: Callable[[Any], Any]) -> Route:
         hist = service.metrics.latency.labels(verb)

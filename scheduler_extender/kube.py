@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from scheduler_extender.deadline import remaining
 from scheduler_extender.gcpause import paused_gc
 from scheduler_extender.leader import Conflict, LeaseRecord
+from scheduler_extender.threadnames import name_os_thread
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment
 
@@ -476,6 +477,7 @@ class Reflector:
         return rv
 
     def run(self) -> None:
+        name_os_thread()  # benchmarks/scale.py splits the CPU by thread
         backoff = 0.2
         while not self.stopped.is_set():
             try:
