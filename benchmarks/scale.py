@@ -85,6 +85,7 @@ ARM_FIELDS = (
     "cpu_ms_per_pod",
     "extender_threads_cpu_ms_per_pod",
     "extender_connections_per_pod",
+    "watch_events_per_pod",
     "requests_per_pod",
     "extender_verb_calls",
     "extender_ms_per_pod",
@@ -134,6 +135,7 @@ class Wave:
     cpu_s: dict[str, float] = field(default_factory=dict)
     threads_s: dict[str, float] = field(default_factory=dict)  # the extender's CPU by thread group
     connections: int = 0  # kube-scheduler's connections to the extender seen during the wave
+    watch_events: collections.Counter[str] = field(default_factory=collections.Counter)  # the wave's pod events
     requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
     verbs: collections.Counter[str] = field(default_factory=collections.Counter)
     failed: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -209,6 +211,7 @@ class BindWatch:
         self.namespace = namespace
         self.bound: dict[str, float] = {}
         self.events_seen: set[str] = set()
+        self.kinds: collections.Counter[str] = collections.Counter()  # watch events by type, as every watcher gets them
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.ready = threading.Event()
@@ -246,6 +249,7 @@ class BindWatch:
                         continue
                     rv = obj["metadata"]["resourceVersion"]
                     key = obj["metadata"]["name"]
+                    self.kinds[ev["type"]] += 1
                     if ev["type"] != "DELETED" and obj["spec"].get("nodeName"):
                         with self.lock:
                             self.bound.setdefault(key, now)
@@ -447,6 +451,7 @@ def run_wave(
     pids |= {p.name: p.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
     cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
     threads0 = thread_cpu(pids["extender"])
+    kinds0 = collections.Counter(watch.kinds)
     sampler = ConnectionSampler(ext.port)
     verbs0 = extender_verbs(ext)
     audit.take()
@@ -506,6 +511,8 @@ def run_wave(
         time.sleep(0.5)
     w.cpu_s = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
     w.threads_s = threads_delta(threads0, thread_cpu(pids["extender"]))
+    w.watch_events = collections.Counter(watch.kinds)
+    w.watch_events.subtract(kinds0)
     w.requests = audit.take()
     return w, over, stale
 
@@ -531,12 +538,14 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     create_span = sum(max(w.created.values()) - min(w.created.values()) for w in waves)
     cpu: collections.Counter[str] = collections.Counter()
     threads: collections.Counter[str] = collections.Counter()
+    kinds: collections.Counter[str] = collections.Counter()
     verbs: collections.Counter[str] = collections.Counter()
     reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     failed: collections.Counter[str] = sum((w.failed for w in waves), collections.Counter())
     for w in waves:
         cpu.update(w.cpu_s)
         threads.update(w.threads_s)
+        kinds.update(w.watch_events)
         verbs.update(w.verbs)
         for user, c in w.requests.items():
             reqs[user].update(c)
@@ -555,6 +564,8 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
         },
         # kube-scheduler's connections to the extender (sampled: a floor) per bound pod; 0 in the baseline arm.
         "extender_connections_per_pod": round(sum(w.connections for w in waves) / max(bound, 1), 3),
+        # Pod watch events of the wave's namespace per bound pod, by type: what the extender's pod watch decodes.
+        "watch_events_per_pod": {k: round(v / max(bound, 1), 2) for k, v in sorted(kinds.items()) if v},
         "requests_per_pod": {
             user: {
                 "total": round(sum(c.values()) / max(bound, 1), 2),
@@ -684,6 +695,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"CPU ms per bound pod ({arm}): {cpu}")
         threads = ", ".join(f"{k} {v}" for k, v in a["extender_threads_cpu_ms_per_pod"].items())
         print(f"extender CPU ms per bound pod by thread ({arm}): {threads}")
+        print(f"pod watch events per bound pod ({arm}): {json.dumps(a['watch_events_per_pod'])}")
         print(
             f"kube-scheduler connections to the extender per bound pod ({arm}, sampled): {a['extender_connections_per_pod']}"
         )

@@ -13,10 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
 import orjson
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTResponse
 
 from scheduler_extender.deadline import remaining
 from scheduler_extender.gcpause import paused_gc
@@ -178,17 +181,50 @@ def create_binding(
         "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    # A plain dict, not a V1Binding: no model objects to build and serialise on the bind's path. _preload_content=False:
-    # the generated client cannot deserialise the Status this call returns.
-    _done(
-        api.create_namespaced_pod_binding(
-            name,
-            namespace,
-            body,  # type: ignore[arg-type]
-            _preload_content=False,
-            _request_timeout=_timeout(),
+    post_json(api, f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding", body)
+
+
+def post_json(api: client.CoreV1Api, path: str, body: dict[str, Any]) -> None:
+    """POST `body` as JSON to `path` on the client's own connection pool, its answer read and the connection
+    released (`_done`); a status outside 2xx raises the ApiException subclass the client's call raises.
+
+    Not the generated `create_namespaced_pod_binding`: kubernetes-client 37.0.2 validates every argument with
+    pydantic (`validate_call`, the body into a V1Binding model), serialises it back through
+    `sanitize_for_serialization` and the standard library's json, and builds its headers per call - about a
+    millisecond a bind on the bind thread (benchmarks/scale.py). What the call sends is kept
+    (kubernetes/client/api_client.py `param_serialize`, rest.py `RESTClientObject.request`, api/core_v1_api.py
+    `_create_namespaced_pod_binding_serialize`): the configured host, the client's default headers (User-Agent),
+    its BearerToken auth (refreshed by the configuration as before), Accept JSON, (connect, read) timeouts, and an
+    SSLError answered as ApiException(status=0); Content-Type JSON is said, where the generated call left it out."""
+    ac = api.api_client
+    headers: dict[str, str] = {
+        **ac.default_headers,
+        "Accept": "application/json",
+        "Content-Type": "application/json",
+    }
+    if ac.cookie:
+        headers["Cookie"] = ac.cookie
+    ac.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", body)
+    connect, read = _timeout()
+    try:
+        raw = ac.rest_client.pool_manager.request(
+            "POST",
+            ac.configuration.host + path,
+            body=orjson.dumps(body),
+            timeout=urllib3.Timeout(connect=connect, read=read),
+            headers=headers,
+            preload_content=False,
         )
-    )
+    except urllib3.exceptions.SSLError as exc:
+        raise ApiException(status=0, reason=f"{type(exc).__name__}\n{exc}") from None
+    if not 200 <= raw.status <= 299:
+        resp = RESTResponse(raw)
+        try:
+            resp.read()
+        finally:
+            raw.release_conn()
+        ApiException.from_response(http_resp=resp, body=None, data=None)  # raises
+    _done(raw)
 
 
 def nudge_pod(
