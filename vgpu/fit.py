@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from vgpu.annotations import POD_REQUIRE_NVLINK, Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
-from vgpu.kubelet_topology import fit_offer
+from vgpu.kubelet_topology import Offer, fit_offer
 from vgpu.pod import PodInfo
+from vgpu.requests import ContainerRequest
 from vgpu.roles import Role
 from vgpu.state import GpuUsage, NodeState, slice_blocker
 from vgpu.topology import Link, choose
@@ -140,93 +141,121 @@ def fit_node(
         one = _fit_one(node, pod, config, rank, memo)
         if one is not None:
             return one  # else nothing fits: the full pass below says why, counting every reason
-    usable: list[GpuUsage] = []
-    excluded: dict[str, int] = {}
     cordoned = inv.cordon.uuids
-    for u in node.gpus:
-        why: str | None = None
-        if not u.device.healthy and not config.allow_unhealthy:
-            why = "unhealthy"
-        elif cordoned and u.device.uuid in cordoned:
-            why = "cordoned"  # no new slice; the slices already on it stay
-        elif pod.gpu_models is not None and u.device.model not in pod.gpu_models:
-            why = "model"
-        elif pod.gpu_filter is not None:
-            why = pod.gpu_filter.blocker(u.device)  # HAMi's use/nouse-gputype and -gpuuuid
-        if why is None:
-            usable.append(u)
-        else:
-            excluded[why] = excluded.get(why, 0) + 1
+    usable: list[GpuUsage] | tuple[GpuUsage, ...]
+    excluded: dict[str, int] = {}
+    if (
+        cordoned
+        or not (config.allow_unhealthy or node.all_healthy)
+        or pod.gpu_models is not None
+        or pod.gpu_filter is not None
+    ):
+        usable = []
+        for u in node.gpus:
+            why: str | None = None
+            if not u.device.healthy and not config.allow_unhealthy:
+                why = "unhealthy"
+            elif cordoned and u.device.uuid in cordoned:
+                why = "cordoned"  # no new slice; the slices already on it stay
+            elif pod.gpu_models is not None and u.device.model not in pod.gpu_models:
+                why = "model"
+            elif pod.gpu_filter is not None:
+                why = pod.gpu_filter.blocker(u.device)  # HAMi's use/nouse-gputype and -gpuuuid
+            if why is None:
+                usable.append(u)
+            else:
+                excluded[why] = excluded.get(why, 0) + 1
+    else:  # nothing excludes a GPU (most nodes): every GPU is usable
+        usable = node.gpus
     extra: dict[str, list[int]] = {}
     out: list[ContainerAssignment] = []
     # A role-less pod has no role order; skipping the call matters on large nodes (openb: every pod).
     by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
     topo = node.topology
     near = near_counterpart(node, pod) if by_role_order and config.topology else frozenset()
+    # A `StateRank` ranks GPUs in equal states alike: asked once per state.
+    state_rank = isinstance(rank, StateRank)
     for req in pod.request.containers:
         # Kubelet agreement: only GPUs whose replicas the kubelet will offer (vgpu.kubelet_topology).
         offer = None if inv.kubelet is None else fit_offer(inv.kubelet, node.gpus, extra, req, pod.request)
         if offer is not None and offer.refusal is not None:
             return FitFailure(f"container {req.container!r}: {offer.refusal}")
-        candidates: list[tuple[float, float, int, GpuUsage, int, int]] = []
+        # (verdict, position, GPU, state id) of each GPU that can host a slice: see `_judge`.
+        hosts: list[tuple[_Verdict, int, GpuUsage, int]] = []
         blocked = dict(excluded)
-        sizes: dict[tuple[int, int], tuple[int, int, bool]] = {}  # (card MiB, cores) -> slice and too-small
-        for u in usable:
-            dev = u.device
-            size = sizes.get((dev.memory_mib, dev.cores))
-            if size is None:
-                mem = req.memory_on(dev.memory_mib)
-                cores = req.cores_on(dev.memory_mib)
-                small = mem > int(dev.memory_mib * config.memory_scaling) or cores > int(
-                    dev.cores * config.core_scaling
-                )
-                size = sizes[(dev.memory_mib, dev.cores)] = (mem, cores, small)
-            mem, cores, small = size
-            if small:
-                blocked["too-small"] = blocked.get("too-small", 0) + 1
-                continue
-            if offer is not None and not offer.allows(dev.uuid):
-                blocked[offer.why] = blocked.get(offer.why, 0) + 1
-                continue
-            e = extra.get(dev.uuid, _NONE)
-            why = slice_blocker(
-                u,
-                mem,
-                cores,
-                pod.role,
-                config,
-                extra_memory=e[0],
-                extra_cores=e[1],
-                extra_sharers=e[2],
-                extra_best_effort=e[3],
-            )
-            if why is not None:
-                blocked[why] = blocked.get(why, 0) + 1
-                continue
-            by_role: float = role_rank(u, pod) if by_role_order else 0
-            if near and by_role == 0 and dev.uuid in near:
-                by_role = -0.5
-            candidates.append((by_role, rank(u, mem, cores, pod), dev.index, u, mem, cores))
-        if len(candidates) < req.count:
+        # What a GPU's state alone decides (no offer, no slice of this pod on it yet): slice, blocker, role order.
+        judged = _judged(req, pod, config, by_role_order)
+        if offer is None and not extra:  # every GPU as its state decides (most fits)
+            for pos, u in enumerate(usable):
+                key = u.id_memo or u.state_id
+                verdict = judged.get(key)
+                if verdict is None:
+                    verdict = judged[key] = _judge(u, req, pod, config, by_role_order)
+                why = verdict[2]
+                if why is None:
+                    hosts.append((verdict, pos, u, key))
+                else:
+                    blocked[why] = blocked.get(why, 0) + 1
+        else:
+            for pos, u in enumerate(usable):
+                dev = u.device
+                key = u.id_memo or u.state_id
+                if offer is None and dev.uuid not in extra:
+                    verdict = judged.get(key)
+                    if verdict is None:
+                        verdict = judged[key] = _judge(u, req, pod, config, by_role_order)
+                else:
+                    verdict = _judge_with(u, req, pod, config, by_role_order, offer, extra.get(dev.uuid, _NONE))
+                why = verdict[2]
+                if why is None:
+                    hosts.append((verdict, pos, u, key))
+                else:
+                    blocked[why] = blocked.get(why, 0) + 1
+        if len(hosts) < req.count:  # the GPU order is not needed to say why not
             need = f"{req.memory_mib} MiB" if req.memory_mib is not None else f"{req.memory_percentage}% memory"
             core_txt = "proportional cores" if req.cores is None else f"{req.cores}% cores"
             detail = ", ".join(f"{_REASON_TEXT.get(k, k)} on {n}" for k, n in sorted(blocked.items()))
             static = sum(n for k, n in blocked.items() if k in _STATIC)
             return FitFailure(
                 f"container {req.container!r} needs {req.count} vGPU(s) of {need}/{core_txt}; "
-                f"{len(candidates)} of {len(node.gpus)} GPUs can host one" + (f" ({detail})" if detail else ""),
+                f"{len(hosts)} of {len(node.gpus)} GPUs can host one" + (f" ({detail})" if detail else ""),
                 unresolvable=len(node.gpus) - static < req.count,
             )
-        candidates.sort(key=lambda t: (t[0], t[1], t[2]))
+        # (role order, rank, index, position, GPU, slice memory, slice cores), sorted on the first three as before; the
+        # position only repeats the stable order of equal keys (indices are unique on a node), so no GpuUsage is ever
+        # compared. A `StateRank` is asked once per state (the slice is the state's too).
+        candidates: list[tuple[float, float, int, int, GpuUsage, int, int]] = []
+        ranks: dict[int, float] = {}
+        for (mem, cores, _, base), pos, u, key in hosts:
+            dev = u.device
+            by_role: float = -0.5 if near and base == 0 and dev.uuid in near else base
+            if state_rank:
+                r = ranks.get(key)
+                if r is None:
+                    r = ranks[key] = rank(u, mem, cores, pod)
+            else:
+                r = rank(u, mem, cores, pod)
+            candidates.append((by_role, r, dev.index, pos, u, mem, cores))
+        candidates.sort()
         chosen = candidates[: req.count]
         if req.count > 1 and (config.topology or pod.require_nvlink):
             link = Link.NONE  # a flat node has no NVLink, and every set is as good as the policy's first
             if not topo.flat:
-                pos, link = choose([t[3].device.uuid for t in candidates], req.count, topo)
-                chosen = [candidates[i] for i in pos]
+                pos_chosen, link = choose([t[4].device.uuid for t in candidates], req.count, topo)
+                chosen = [candidates[i] for i in pos_chosen]
             if pod.require_nvlink and link > Link.NVLINK_CROSS_NUMA:
-                fits = [u for u in usable if not sizes[(u.device.memory_mib, u.device.cores)][2]]
-                now = topo.largest_clique({t[3].device.uuid for t in candidates})
+                fits = [
+                    u
+                    for u in usable
+                    if not _too_small(
+                        u.device.memory_mib,
+                        u.device.cores,
+                        req.memory_on(u.device.memory_mib),
+                        req.cores_on(u.device.memory_mib),
+                        config,
+                    )
+                ]
+                now = topo.largest_clique({t[4].device.uuid for t in candidates})
                 ever = topo.largest_clique({u.device.uuid for u in fits})
                 return FitFailure(
                     f"container {req.container!r} needs {req.count} GPUs that are all NVLink peers ({POD_REQUIRE_NVLINK}); "
@@ -239,10 +268,10 @@ def fit_node(
                     + ("" if topo.cliques else " (no NVLink between its GPUs)"),
                     unresolvable=ever < req.count,
                 )
-        if offer is not None and (why := offer.problem(t[3].device.uuid for t in chosen)) is not None:
+        if offer is not None and (why := offer.problem(t[4].device.uuid for t in chosen)) is not None:
             return FitFailure(f"container {req.container!r}: {why}")
         devices: list[DeviceSlice] = []
-        for _, _, _, u, mem, cores in chosen:
+        for _, _, _, _, u, mem, cores in chosen:
             devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))
             e = extra.setdefault(u.device.uuid, [0, 0, 0, 0])
             e[0] += mem
@@ -251,6 +280,80 @@ def fit_node(
             e[3] += cores == 0
         out.append(ContainerAssignment(name=req.container, devices=tuple(devices)))
     return NodePlacement(node.name, tuple(out))
+
+
+_Verdict = tuple[int, int, str | None, int]
+# `_judge`'s answers by GPU state (`GpuUsage.state_id`), per slice ask, pod role and model (where the role order reads
+# it) and config (held, so its id stays its own): the first nodes of a pass meet most states a cluster has, the
+# others look them up. A process-wide memo like `vgpu.state.intern`, bounded like `ShapeMemo.slots`.
+_JUDGED: dict[tuple[object, ...], tuple[PlacementConfig, dict[int, _Verdict]]] = {}
+_JUDGED_LIMIT = 512
+
+
+def _judged(req: ContainerRequest, pod: PodInfo, config: PlacementConfig, by_role_order: bool) -> dict[int, _Verdict]:
+    key = (id(config), req.memory_mib, req.memory_percentage, req.cores, pod.role, pod.model if by_role_order else None)
+    hit = _JUDGED.get(key)
+    if hit is not None and hit[0] is config:
+        if len(hit[1]) >= _SLOTS_LIMIT:
+            hit[1].clear()
+        return hit[1]
+    if len(_JUDGED) >= _JUDGED_LIMIT:
+        _JUDGED.clear()
+    table: dict[int, _Verdict] = {}
+    _JUDGED[key] = (config, table)
+    return table
+
+
+def _judge_with(
+    u: GpuUsage,
+    req: ContainerRequest,
+    pod: PodInfo,
+    config: PlacementConfig,
+    by_role_order: bool,
+    offer: Offer | None,
+    e: list[int],
+) -> _Verdict:
+    """`_judge` on a GPU the kubelet's offer may leave out, or that holds slices of this pod's earlier containers
+    (`e`: their memory, cores, count and best-effort count)."""
+    dev = u.device
+    mem = req.memory_on(dev.memory_mib)
+    cores = req.cores_on(dev.memory_mib)
+    if _too_small(dev.memory_mib, dev.cores, mem, cores, config):
+        return mem, cores, "too-small", 0
+    if offer is not None and not offer.allows(dev.uuid):
+        return mem, cores, offer.why, 0
+    why = slice_blocker(
+        u,
+        mem,
+        cores,
+        pod.role,
+        config,
+        extra_memory=e[0],
+        extra_cores=e[1],
+        extra_sharers=e[2],
+        extra_best_effort=e[3],
+    )
+    if why is not None:
+        return mem, cores, why, 0
+    return mem, cores, None, role_rank(u, pod) if by_role_order else 0
+
+
+def _too_small(card_mib: int, card_cores: int, mem: int, cores: int, config: PlacementConfig) -> bool:
+    return mem > int(card_mib * config.memory_scaling) or cores > int(card_cores * config.core_scaling)
+
+
+def _judge(u: GpuUsage, req: ContainerRequest, pod: PodInfo, config: PlacementConfig, by_role_order: bool) -> _Verdict:
+    """What `fit_node` decides of one slice of `req` on GPU `u` holding no slice of this pod yet, from the GPU's
+    state alone: (memory, cores, why not or None, role order). Equal `GpuUsage.state_key`s judge alike."""
+    dev = u.device
+    mem = req.memory_on(dev.memory_mib)
+    cores = req.cores_on(dev.memory_mib)
+    if _too_small(dev.memory_mib, dev.cores, mem, cores, config):
+        return mem, cores, "too-small", 0
+    why = slice_blocker(u, mem, cores, pod.role, config)
+    if why is not None:
+        return mem, cores, why, 0
+    return mem, cores, None, role_rank(u, pod) if by_role_order else 0
 
 
 def _slot(u: GpuUsage, pod: PodInfo, config: PlacementConfig, by_role_order: bool) -> tuple[int, int, int] | None:
