@@ -493,7 +493,8 @@ class Reflector:
         self.on_synced = on_synced
         self.watch_timeout_s = watch_timeout_s
         # A list is read in pages of `page_size` (0: one response) and each listed object goes through `slim`, so
-        # only one page of whole objects is held at a time (benchmarks/restart.py, 40k pods).
+        # only one page of whole objects is held at a time (benchmarks/restart.py, 40k pods); so does each watch
+        # event's object.
         self.page_size = page_size
         self.slim = slim
         self.stopped = threading.Event()
@@ -569,7 +570,10 @@ class Reflector:
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if kind == "BOOKMARK":
                         continue
-                    self.handle(str(kind), obj)
+                    # What a list keeps of an object, an event keeps too: the handlers read the same fields either
+                    # way, and what they hold on to (the unbound pods /bind takes, the preemption books) no longer
+                    # carries each pod's managedFields (~40 nested objects a pod) for the collector to walk.
+                    self.handle(str(kind), obj if self.slim is None else self.slim(obj))
             return rv
         finally:
             resp.close()  # a watch left mid-stream must not go back to the pool with unread bytes on it

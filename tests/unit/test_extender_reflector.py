@@ -99,3 +99,41 @@ def test_events_split_across_chunks_bookmarks_and_410(server: tuple[client.CoreV
     watches = [p for p in handler.asked if "watch=true" in p]
     assert "resourceVersion=10" in watches[0] and "allowWatchBookmarks=true" in watches[0]
     assert "resourceVersion=15" in watches[1]  # the second watch starts at the bookmark's version
+
+
+def test_watched_objects_are_slimmed_as_listed_ones(server: tuple[client.CoreV1Api, type[_Pods]]) -> None:
+    """The pod reflector's `slim` (scheduler_extender.slim.slim_pod) applies to each event's object too: what the
+    handlers hold no longer carries managedFields or the status beyond phase and nominatedNodeName."""
+    from scheduler_extender.slim import slim_pod
+
+    api, handler = server
+    whole = _pod("a", "11")
+    whole["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    whole["spec"] = {"nodeName": "n1"}
+    whole["status"] = {"phase": "Running", "nominatedNodeName": "n1", "conditions": [{"type": "Ready"}]}
+    handler.streams = [[_line("MODIFIED", whole), _line("ERROR", {"code": 410, "message": "too old"})]]
+    seen: list[dict[str, Any]] = []
+    listed: list[dict[str, Any]] = []
+    reflector = Reflector(
+        name="pods",
+        list_call=api.list_pod_for_all_namespaces,
+        replace=listed.extend,
+        handle=lambda kind, obj: seen.append(obj),
+        watch_timeout_s=5,
+        slim=slim_pod,
+    )
+    t = threading.Thread(target=reflector.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while reflector.relists < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    reflector.stop()
+    t.join(30)
+    assert seen == [
+        {
+            "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "11"},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running", "nominatedNodeName": "n1"},
+        }
+    ]
+    assert listed and "managedFields" not in listed[0]["metadata"]
