@@ -13,6 +13,9 @@ Two clusters, both 5,000 nodes x 8 GPUs by default:
 - `packed`: what a running cluster of deployments looks like: a share of the nodes empty, the rest each holding one of
   a few dozen fills of the 12 templates' slices (llm-d roles and models), so many nodes are in the same state.
 
+`--shapes multi` times pods asking more than one vGPU instead (`MULTI`: 2 x 30 %, a 2 x 20 % decode, 2, 4 and 8
+whole cards, a two-container prefill), `all` both; `--each` prints every shape's figure.
+
 `--digest` prints a hash of every evaluation (each node's placement, score, failure reason and the priorities), to
 compare two versions of the code on the same clusters: the decisions must be byte-identical.
 
@@ -22,7 +25,7 @@ no-GPU cycles, the 12 templates' first pods, then `--learn` learning pods, each 
 node. It prints the CPU of each new shape and of each learning re-scoring (a cycle over 4x the phase's median) as
 p50 / p99 / max, and the full (gen-2) garbage collections that fell into them, timed by `gc.callbacks`.
 
-    python benchmarks/cold_shape.py [--nodes 5000] [--passes 3] [--digest]
+    python benchmarks/cold_shape.py [--nodes 5000] [--passes 3] [--digest] [--shapes single|multi|all] [--each]
     python benchmarks/cold_shape.py --rescorings [--nodes 5000] [--learn 100] [--passes 3]
 """
 
@@ -111,6 +114,47 @@ def shapes() -> list[PodInfo]:
     return [pod_info(make_pod(10**7 + t, rng, template=t)) for t in range(len(TEMPLATES))]
 
 
+# Pods asking more than one vGPU: (label, containers as (count, memory %, cores %), role, model).
+MULTI: tuple[tuple[str, tuple[tuple[int, int, int], ...], str | None, str], ...] = (
+    ("2x30%", ((2, 30, 30),), None, "model-0"),
+    ("2x20% decode", ((2, 20, 20),), "decode", "model-1"),
+    ("2x100%", ((2, 100, 100),), None, "model-0"),
+    ("4x100%", ((4, 100, 100),), None, "model-0"),
+    ("8x100%", ((8, 100, 100),), None, "model-0"),
+    ("2 containers 25%+50%", ((1, 25, 40), (1, 50, 50)), "prefill", "model-2"),
+)
+
+
+def multi_shapes() -> list[PodInfo]:
+    """`MULTI`'s pods: several slices each (the cold pass's worst case before node classes took them)."""
+    pods = []
+    for i, (_, containers, role, model) in enumerate(MULTI):
+        labels = {"llm-d.ai/model": model} | ({"llm-d.ai/role": role} if role else {})
+        specs = [
+            {
+                "name": f"c{k}",
+                "resources": {
+                    "limits": {
+                        "nvidia.com/gpu": str(count),
+                        "nvidia.com/gpumem-percentage": str(mem),
+                        "nvidia.com/gpucores": str(cores),
+                    }
+                },
+            }
+            for k, (count, mem, cores) in enumerate(containers)
+        ]
+        meta = {"name": f"multi-{i}", "namespace": "bench", "uid": f"multi-{i}", "labels": labels}
+        pods.append(pod_info({"metadata": meta, "spec": {"containers": specs}}))
+    return pods
+
+
+def shapes_of(kind: str) -> tuple[list[str], list[PodInfo]]:
+    """The labels and pods of `--shapes` `kind`: the 12 templates (single), `MULTI` (multi) or both (all)."""
+    single = ([f"tpl{t}" for t in range(len(TEMPLATES))], shapes()) if kind in ("single", "all") else ([], [])
+    multi = ([m[0] for m in MULTI], multi_shapes()) if kind in ("multi", "all") else ([], [])
+    return single[0] + multi[0], single[1] + multi[1]
+
+
 def learned_planner(state: ClusterState, learn: int, policy: str) -> Planner:
     state.config = dataclasses.replace(state.config, node_policy=policy)
     planner = Planner(state)
@@ -130,8 +174,7 @@ def digest_of(ev: Evaluation, prios: dict[str, int], h: Any) -> None:
     h.update(repr(sorted(prios.items())).encode())
 
 
-def run(state: ClusterState, passes: int, learn: int, policy: str) -> tuple[list[float], str]:
-    pods = shapes()
+def run(state: ClusterState, passes: int, learn: int, policy: str, pods: list[PodInfo]) -> tuple[list[float], str]:
     best = [float("inf")] * len(pods)
     h = hashlib.sha256()
     for p in range(passes):
@@ -214,6 +257,13 @@ def main() -> int:
     ap.add_argument("--policy", default="default")
     ap.add_argument("--cluster", choices=("usual", "packed", "both"), default="both")
     ap.add_argument("--digest", action="store_true", help="print a hash of every evaluation")
+    ap.add_argument(
+        "--shapes",
+        choices=("single", "multi", "all"),
+        default="single",
+        help="the 12 one-slice templates, the multi-slice pods (MULTI) or both",
+    )
+    ap.add_argument("--each", action="store_true", help="print each shape's CPU ms too")
     ap.add_argument("--rescorings", action="store_true", help="replay extender_latency's phases through the service")
     args = ap.parse_args()
     if args.rescorings:
@@ -234,13 +284,16 @@ def main() -> int:
         state = make(args.nodes, args.gpus, args.seed)
         distinct = len({tuple(u.state_key for u in n.gpus) for n in state.nodes.values()})
         multisets = len({frozenset(Counter(u.state_key for u in n.gpus).items()) for n in state.nodes.values()})
-        best, digest = run(state, args.passes, args.learn, args.policy)
+        labels, pods = shapes_of(args.shapes)
+        best, digest = run(state, args.passes, args.learn, args.policy, pods)
         ms = [b * 1000 for b in best]
         print(
             f"{kind:6} {args.nodes} nodes x {args.gpus} GPUs ({distinct} distinct node states, {multisets} as multisets), policy {args.policy}: "
             f"CPU per new shape median {statistics.median(ms):7.1f} ms, min {min(ms):6.1f}, max {max(ms):6.1f}"
             + (f"  digest {digest}" if args.digest else "")
         )
+        if args.each:
+            print("  " + ", ".join(f"{lab} {m:.1f}" for lab, m in zip(labels, ms, strict=True)), flush=True)
     return 0
 
 

@@ -24,12 +24,12 @@ from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
-from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, fit_node
+from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, role_rank
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
 from vgpu.placement.role_score import free_after, headroom_one, role_parts
 from vgpu.pod import PodInfo
-from vgpu.state import ClusterState, GpuUsage, NodeState
+from vgpu.state import ClusterState, GpuUsage, NodeState, slice_blocker
 from vgpu.topology import placement_score
 
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
@@ -89,6 +89,10 @@ class _Shared:
     # whose first GPU has the lowest index there.
     tied: dict[int, _Shared] | None = None
     result: NodeResult | None = None  # for a failure: the one result every node of the class gets (it names none)
+    # A pod of several slices (`_share_multi`): each container's name and slices, a slice as (the GPU's
+    # `GpuUsage.state_id`, which GPU of that state in index order, memory, cores); `state` is then None.
+    multi: tuple[tuple[str, tuple[tuple[int, int, int, int], ...]], ...] | None = None
+    linked: float | None = None  # with `multi`: the topology term added to the score, where there is one
 
 
 # A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
@@ -527,6 +531,7 @@ class Planner:
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
         ckey: int | None = None
+        multi = False  # several slices: `_share_multi` decides whether the class may stand for the node
         if classes is not None:
             ckey = node.class_key
             shared = classes.get(ckey)
@@ -534,28 +539,153 @@ class Planner:
                 return self._of_class(node, shared)
             if shared is not None:
                 ckey = None
+            reqs = pod.request.containers
+            multi = len(reqs) != 1 or reqs[0].count != 1
         node_rank = getattr(policy, "node_gpu_rank", None)  # optional: see NodeAwareRank
         if node_rank is not None and rank == policy.gpu_rank:
             rank = node_rank(node, pod)  # the policy orders GPUs knowing the whole node
         fit = fit_node(node, pod, self.config, rank, memo)
         if isinstance(fit, FitFailure):
             if ckey is not None and classes is not None and memo is not None:
+                shareable = self._multi_shareable(node, pod, rank, None) if multi else memo.shared
                 classes[ckey] = (
-                    _Shared(None, failure=fit, result=NodeResult(None, failure=fit)) if memo.shared else _PER_NODE
+                    _Shared(None, failure=fit, result=NodeResult(None, failure=fit)) if shareable else _PER_NODE
                 )
             return NodeResult(None, failure=fit)
         policy_score = policy.score(node, fit, pod)
         base, head = role_parts(node, fit, pod, self.config.roles)
         score = policy_score + (base if head is None else base + head)  # what role_score returns, the same float
-        if ckey is not None and classes is not None and memo is not None:
+        if ckey is not None and classes is not None and memo is not None and not multi:
             classes[ckey] = self._share(node, fit, policy_score, base, head, score) if memo.shared else _PER_NODE
             if memo.tied and classes[ckey] is not _PER_NODE:
                 classes[ckey] = self._share_tied(node, fit, pod, policy, memo, classes[ckey])
+        added: float | None = None
         if self.config.topology and self.config.topology_weight and any(len(c.devices) > 1 for c in fit.containers):
             linked = placement_score(node.topology, fit.containers, lambda: _idle(node))
             if linked is not None:  # a multi-GPU pod: nodes that give a connected set score higher
-                score += self.config.topology_weight * linked
+                added = self.config.topology_weight * linked
+                score += added
+        if ckey is not None and classes is not None and multi:
+            classes[ckey] = self._share_multi(node, fit, pod, rank, (policy_score, base, head, score, added))
         return NodeResult(fit, score=score)
+
+    def _multi_shareable(self, node: NodeState, pod: PodInfo, rank: GpuRank, fit: NodePlacement | None) -> bool:
+        """Whether `fit_node`'s answer for a pod of several slices (`fit`, None where it failed) depends only on the
+        node's `NodeState.class_key`, up to which GPUs of the chosen states it names: on another node of the class the
+        k-th GPU (in index order) of a state stands for this node's k-th GPU of that state.
+
+        That holds where the fit's order over the node's GPUs is by (state, index) alone: a `StateRank`, no GPU left
+        out by UUID or model (a cordon, an unhealthy GPU, a pod's GPU filter), no kubelet offer, no NVLink or NUMA
+        choice (a flat topology: `vgpu.topology.choose` then takes the policy's first GPUs), and no two states that
+        rank equal among those a container takes or passes over before its last one (the index would interleave
+        them, as `_share_tied` handles for one slice). A failure of a one-container pod counts every GPU with none
+        placed yet; where a later container fails, the earlier ones' choices must not hold a tie either."""
+        config = self.config
+        inv = node.inventory
+        if (
+            not isinstance(rank, StateRank)
+            or inv.kubelet is not None
+            or inv.cordon.uuids
+            or not (config.allow_unhealthy or node.all_healthy)
+            or not node.topology.flat
+            or pod.gpu_models is not None
+            or pod.gpu_filter is not None
+            or pod.require_nvlink
+        ):
+            return False
+        reqs = pod.request.containers
+        if fit is None and len(reqs) == 1:
+            return True
+        by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
+        for i, req in enumerate(reqs):
+            # Each state that could host one of the container's slices with nothing placed yet (a slice placed by an
+            # earlier container only ever rules a GPU out), and `fit_node`'s order key there bar the index.
+            keys: dict[int, tuple[float, float]] = {}
+            for u in node.state_groups:
+                dev = u.device
+                mem, cores = req.memory_on(dev.memory_mib), req.cores_on(dev.memory_mib)
+                if mem > int(dev.memory_mib * config.memory_scaling) or cores > int(dev.cores * config.core_scaling):
+                    continue
+                if slice_blocker(u, mem, cores, pod.role, config) is not None:
+                    continue
+                keys[u.state_id] = (role_rank(u, pod) if by_role_order else 0, rank(u, mem, cores, pod))
+            bound: tuple[float, float] | None = None
+            if fit is not None:
+                for d in fit.containers[i].devices:
+                    key = keys.get(node.by_uuid[d.uuid].state_id)
+                    if key is None:
+                        return False
+                    bound = key if bound is None or key > bound else bound
+            seen: set[tuple[float, float]] = set()
+            for key in keys.values():
+                if bound is None or key <= bound:
+                    if key in seen:
+                        return False
+                    seen.add(key)
+        return True
+
+    def _share_multi(
+        self,
+        node: NodeState,
+        fit: NodePlacement,
+        pod: PodInfo,
+        rank: GpuRank,
+        scored: tuple[float, float, float | None, float, float | None],
+    ) -> _Shared:
+        """The class's answer for a pod of several slices (`_multi_shareable`), from this node's fit and `scored`: the
+        policy's score, the role score's base and headroom, the whole score and the topology term in it. The policy's
+        score (the fgd family's reads the GPUs' frees sorted) and the role score's base read only the chosen GPUs'
+        states and what the class key holds; the headroom sums every GPU's term in index order, so it is the node's
+        own unless clear of its cap (`_share`'s way); a flat node's topology term is the same on every one."""
+        if not self._multi_shareable(node, pod, rank, fit):
+            return _PER_NODE
+        policy_score, base, head, score, added = scored
+        nth: dict[str, int] = {}
+        counts: dict[int, int] = {}
+        for u in node.gpus:
+            k = u.state_id
+            n = counts.get(k, 0)
+            nth[u.device.uuid] = n
+            counts[k] = n + 1
+        by_uuid = node.by_uuid
+        layout = tuple(
+            (c.name, tuple((by_uuid[d.uuid].state_id, nth[d.uuid], d.memory_mib, d.cores) for d in c.devices))
+            for c in fit.containers
+        )
+        rules = self.config.roles
+        capped = head is None or free_after(node, fit) >= rules.pair_headroom_gpus * (1 + 1e-9)
+        return _Shared(
+            None, policy_score=policy_score, role_base=base, score=score if capped else None, multi=layout, linked=added
+        )
+
+    def _of_multi(self, node: NodeState, shared: _Shared) -> NodeResult:
+        """The class's answer for a pod of several slices on this node: for each slice the node's own GPU of the same
+        state and rank in index order; the class's score, or with the node's own headroom (`role_parts`' arithmetic)."""
+        assert shared.multi is not None
+        members: dict[int, list[GpuDevice]] = {}
+        for u in node.gpus:
+            k = u.id_memo or u.state_id
+            group = members.get(k)
+            if group is None:
+                members[k] = [u.device]
+            else:
+                group.append(u.device)
+        containers = []
+        for name, slices in shared.multi:
+            devices = []
+            for state, n, mem, cores in slices:
+                dev = members[state][n]
+                devices.append(DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=mem, cores=cores))
+            containers.append(ContainerAssignment(name=name, devices=tuple(devices)))
+        placement = NodePlacement(node.name, tuple(containers))
+        score = shared.score
+        if score is None:
+            rules = self.config.roles
+            head = rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
+            score = shared.policy_score + (shared.role_base + head)
+            if shared.linked is not None:
+                score += shared.linked
+        return NodeResult(placement, score=score)
 
     def _share(
         self, node: NodeState, fit: NodePlacement, policy_score: float, base: float, head: float | None, score: float
@@ -597,6 +727,8 @@ class Planner:
     def _of_class(self, node: NodeState, shared: _Shared, firsts: dict[int, GpuUsage] | None = None) -> NodeResult:
         """The class's answer on this node: its first GPU in the chosen state, the same slice and score. `firsts`: the
         node's `first_of_state`, where the caller has it."""
+        if shared.multi is not None:
+            return self._of_multi(node, shared)
         if shared.state is None:
             return NodeResult(None, failure=shared.failure)
         if firsts is None:
@@ -618,14 +750,12 @@ class Planner:
     def _classes_for(self, key: tuple[object, ...], pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> Classes | None:
         """The node classes of this memoised shape, or None where a class cannot stand for its nodes: a policy whose
         score reads more than the class (only the fgd family's does not), a GPU policy override, a per-pod score, a
-        pod asking more than one slice."""
-        reqs = pod.request.containers
+        pod asking no GPU. A pod of several slices may take a class's answer too (`_multi_shareable` says where)."""
         if (
             not getattr(policy, "class_scored", False)
             or rank != policy.gpu_rank
             or hasattr(policy, "pod_score")
-            or len(reqs) != 1
-            or reqs[0].count != 1
+            or not pod.request.containers
         ):
             return None
         classes = self._classes.get(key)
@@ -995,6 +1125,12 @@ class Planner:
                         if shared.result is not None:
                             cache[name] = (node.version, shared.result)
                             self._record(out, name, shared.result)
+                            continue
+                        if shared.multi is not None:
+                            result = self._of_multi(node, shared)
+                            cache[name] = (node.version, result)
+                            feasible[name] = result
+                            scores[name] = result.score
                             continue
             self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
 

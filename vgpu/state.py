@@ -251,12 +251,13 @@ class NodeState:
 
     @property
     def class_key(self) -> int:
-        """A number (`intern`) for what a one-slice fit and the fgd-family score read of this node, without GPU indices or UUIDs: nodes with
-        equal keys decide alike up to which GPU of the chosen state is named (vgpu.planner's node classes).
+        """A number (`intern`) for what a fit and the fgd-family score read of this node, without GPU indices or UUIDs:
+        nodes with equal keys decide alike up to which GPUs of the chosen states are named (vgpu.planner's node classes).
 
         The multiset of GPU states (`GpuUsage.state_id` and how many GPUs are in each), the host's capacity and use,
         the first GPU's model and size (the fragmentation model reads them), whether a kubelet offer, a cordon, an
-        unhealthy GPU or NVLink is there (each turns the shared path off or changes it), and the (role, model) pairs
+        unhealthy GPU, NVLink or GPUs on several NUMA nodes are there (each turns the shared path off or changes it:
+        `vgpu.topology.choose` picks a multi-GPU set by NUMA node), and the (role, model) pairs
         of the pods held (the role score's locality)."""
         memo = self.class_memo
         if memo is None or memo[0] != self.version:
@@ -315,6 +316,7 @@ class NodeState:
                 bool(inv.cordon.uuids),
                 self.all_healthy,
                 bool(self.topology.cliques),
+                self.topology.flat,  # False with GPUs on several NUMA nodes: a multi-GPU fit then chooses by NUMA node
             )
         roles = frozenset(k for k, n in self.role_models.items() if n > 0)
         key = intern((static, frozenset(counts.items()), self.cpu_used, self.memory_used, roles))
