@@ -200,7 +200,7 @@ def _node_inventory(name: str, rng: random.Random) -> NodeInventory:
     inv = NodeInventory(
         name=name,
         gpus=tuple(gpus),
-        cpu_milli=rng.choice((0, 0, 16000)),
+        cpu_milli=rng.choice((0, 0, 16000, 32000)),
         memory_mib=rng.choice((0, 0, 131072)),
     )
     if rng.random() < 0.15:
@@ -223,7 +223,11 @@ def _cluster(seed: int, nodes: int = 16) -> ClusterState:
                 devs = (DeviceSlice(uuid=g.uuid, index=g.index, memory_mib=g.memory_mib * pct // 100, cores=cores),)
                 a = dataclasses.replace(_assignment(name, devs), role=rng.choice(list(Role)), model=rng.choice(MODELS))
                 if state.check(a) is None:
-                    state.apply(f"bg/{name}-{g.index}-{k}", a, HostUse(cpu_milli=rng.choice((0, 2000)), memory_mib=0))
+                    state.apply(
+                        f"bg/{name}-{g.index}-{k}",
+                        a,
+                        HostUse(cpu_milli=rng.choice((0, 1000, 2000)), memory_mib=rng.choice((0, 8192))),
+                    )
     return state
 
 
@@ -257,9 +261,11 @@ def _pod(rng: random.Random, i: int) -> PodInfo:
     if rng.random() < 0.1:
         annotations["nvidia.com/use-gputype"] = "H100"
     doc = make_pod(f"p{i}", containers, labels=labels, annotations=annotations)
-    if rng.random() < 0.2:
-        doc["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4", "memory": "8Gi"}
-    return pod_info(doc)
+    if rng.random() < 0.5:
+        doc["spec"]["containers"][0]["resources"]["requests"] = rng.choice(
+            ({"cpu": "4", "memory": "8Gi"}, {"cpu": "1"})
+        )
+    return pod_info(doc, track_host_resources=True)
 
 
 def _configs() -> list[PlacementConfig]:
@@ -313,3 +319,32 @@ def test_fit_node_decides_what_the_plain_fit_decides(seed: int) -> None:
                     multi += isinstance(want, NodePlacement) and sum(len(c.devices) for c in want.containers) > 1
     # Both outcomes are exercised in earnest, multi-GPU placements among them.
     assert multi > 300 and failed > 300, (placed, multi, failed)
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_the_score_of_several_slices_is_the_fragmentation_model_s(seed: int) -> None:
+    """fgd and fragaware score a multi-slice placement with the node's own fragmentation the GPU order started from:
+    the same float as working it out from the node (host room tracked or not, one or several containers)."""
+    from vgpu.placement.fragaware import FragAware
+    from vgpu.placement.gpushare import frees_after, host_after
+
+    state = _cluster(seed)
+    rng = random.Random(2000 + seed)
+    pods = [_pod(rng, i) for i in range(30)]
+    checked = 0
+    for policy in (Fgd(), FragAware()):
+        for pod in pods[:8]:
+            policy.observe(pod)
+        for pod in pods:
+            for node in state.nodes.values():
+                fit = fit_node(node, pod, state.config, policy.node_gpu_rank(node, pod))
+                if not isinstance(fit, NodePlacement) or sum(len(c.devices) for c in fit.containers) < 2:
+                    continue
+                got = policy.score(node, fit, pod)
+                model = policy.model_for(pod)
+                cpu, mem = host_after(node, pod)
+                want = model.frag(node, frees_after(node, fit), cpu, mem) - model.node_frag(node)
+                assert policy.delta(node, fit, pod) == want
+                assert got == policy.score(node, fit, pod)
+                checked += 1
+    assert checked > 100, checked

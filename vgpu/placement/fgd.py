@@ -50,8 +50,8 @@ class Fgd:
         self.counts: Counter[TaskShape] = Counter()
         self._model: FragModel | None = None
         self._epoch = 0
-        # The last node `node_gpu_rank` ordered: (node, its version, pod, model, growth per (free, take)).
-        self._last_rank: tuple[NodeState, int, PodInfo, FragModel, dict[tuple[int, int], float]] | None = None
+        # The last node `node_gpu_rank` ordered: (node, its version, pod, model, the order).
+        self._last_rank: tuple[NodeState, int, PodInfo, FragModel, _FragRank] | None = None
 
     @property
     def epoch(self) -> int:
@@ -80,23 +80,31 @@ class Fgd:
         return self.model.frag(node, frees_after(node, placement), cpu, mem) - self.model.node_frag(node)
 
     def _ranked_delta(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float | None:
-        """The growth the GPU order just computed for this one-slice placement (the same arithmetic, so the same
-        float), or None when it did not. The planner scores a node right after ordering its GPUs, so `delta`
-        need not compute the growth again. Host room must be tracked or unasked: the order counts an untracked
-        host's room as plenty less the pod's ask, `host_after` as plenty."""
+        """What the GPU order just worked out for this node (the same arithmetic, so the same float), or None when it
+        did not. The planner scores a node right after ordering its GPUs, so `delta` need not work it out again: for
+        one slice the growth itself (host room must be tracked or unasked: the order counts an untracked host's room
+        as plenty less the pod's ask, `host_after` as plenty); for several, the node's own fragmentation (`node_frag`:
+        the order's sorted frees and host room are the node's now)."""
         last = self._last_rank
         if last is None or last[0] is not node or last[1] != node.version or last[2] is not pod:
             return None
-        if len(placement.containers) != 1 or len(placement.containers[0].devices) != 1:
+        model = last[3]
+        if model is not self.model_for(pod):
             return None
+        rank = last[4]
+        containers = placement.containers
+        if len(containers) != 1 or len(containers[0].devices) != 1:
+            if not containers:
+                return None
+            cpu, mem = host_after(node, pod)
+            before = model.frag_sorted(node, rank.sig, rank.host[0], rank.host[1])
+            return model.frag(node, frees_after(node, placement), cpu, mem) - before
         inv = node.inventory
         if (pod.cpu_milli and not inv.cpu_milli) or (pod.memory_mib and not inv.memory_mib):
             return None
-        if last[3] is not self.model_for(pod):
-            return None
-        d = placement.containers[0].devices[0]
+        d = containers[0].devices[0]
         u = node.by_uuid[d.uuid]
-        return last[4].get((node_frees(node)[node.positions[d.uuid]], slice_milli(d.memory_mib, d.cores, u)))
+        return rank.growth.get((rank.frees[node.positions[d.uuid]], slice_milli(d.memory_mib, d.cores, u)))
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         return quantized(self.delta(node, placement, pod), self.scale) / 100
@@ -110,7 +118,7 @@ class Fgd:
         cpu, mem = host_free(node)
         rank = _FragRank(node, model, node_frees(node), (cpu, mem, cpu - pod.cpu_milli, mem - pod.memory_mib))
         rank.steps = self.gpu_steps
-        self._last_rank = (node, node.version, pod, model, rank.growth)
+        self._last_rank = (node, node.version, pod, model, rank)
         return rank
 
 
