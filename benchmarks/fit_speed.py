@@ -5,8 +5,9 @@ uncached), over every node of `cold_shape.py`'s `usual` and `packed` clusters, p
 Shapes: one slice (25 % prefill with a model, one whole card), several slices of one container (2 x 30 %, 2 x 100 %,
 4 x 100 %, 8 x 100 %), a two-container pod (1 x 50 % and 2 x 25 %). `--nvlink` gives every node NVLink pairs
 (GPUs 2k, 2k+1) and two NUMA nodes, so the topology term and `choose` do real work. For each shape the least of
-`--passes` passes over all nodes is kept (other work on the box only ever adds), printed as us a node, with a digest of
-every answer (placement, score bits, failure reason): two versions of the code must print the same digests.
+`--passes` passes over all nodes is kept (other work on the box only ever adds; the heap is frozen before each, as the
+extender's is), printed as us a node, with a digest of every answer (placement, score bits, failure reason): two
+versions of the code must print the same digests.
 
     python benchmarks/fit_speed.py [--nodes 5000] [--passes 3] [--cluster usual|packed|both] [--nvlink]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import hashlib
 import sys
 import time
@@ -91,6 +93,8 @@ def run(state: ClusterState, passes: int, learn: int) -> list[tuple[str, float, 
         feasible = 0
         for p in range(passes):
             planner = learned_planner(state, learn, "default")
+            gc.collect()
+            gc.freeze()  # as the extender freezes its heap after the lists: no pass walks the state
             h = hashlib.sha256()
             results = []
             t = time.process_time()
