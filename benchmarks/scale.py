@@ -85,6 +85,7 @@ ARM_FIELDS = (
     "cpu_ms_per_pod",
     "extender_threads_cpu_ms_per_pod",
     "extender_connections_per_pod",
+    "extender_gc_ms_per_pod",
     "watch_events_per_pod",
     "requests_per_pod",
     "extender_verb_calls",
@@ -303,7 +304,11 @@ def extender_verbs(ext: Extender) -> collections.Counter[str]:
     with urllib.request.urlopen(ext.health_url + "/metrics", timeout=120) as r:
         text = r.read().decode()
     pattern = r'^vgpu_extender_request_duration_seconds_(count|sum)\{verb="(\w+)"\} (\S+)$'
-    return collections.Counter({f"{kind} {verb}": float(v) for kind, verb, v in re.findall(pattern, text, re.M)})
+    out = collections.Counter({f"{kind} {verb}": float(v) for kind, verb, v in re.findall(pattern, text, re.M)})
+    # The garbage collector's seconds by generation (inside the threads' CPU): `gc 0`, `gc 1`, `gc 2`.
+    for gen, v in re.findall(r'^vgpu_extender_gc_seconds_total\{generation="(\d)"\} (\S+)$', text, re.M):
+        out[f"gc {gen}"] = float(v)
+    return out
 
 
 # The extender's threads by the name they give the kernel (scheduler_extender.threadnames); its main thread runs
@@ -580,6 +585,10 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
             for k, v in sorted(verbs.items())
             if k.startswith("sum ") and v
         },
+        # The extender's garbage collections per bound pod, ms by generation (part of its threads' CPU above).
+        "extender_gc_ms_per_pod": {
+            k.split()[1]: round(v * 1000 / max(bound, 1), 2) for k, v in sorted(verbs.items()) if k.startswith("gc ")
+        },
         "failed_scheduling": dict(failed.most_common(3)),
         # Binds the extender refused or failed (FailedScheduling events of /bind), by cause: the races the soft
         # holds and the reservation at /bind's arrival address are "no longer fits".
@@ -696,6 +705,7 @@ def print_report(r: dict[str, Any]) -> None:
         threads = ", ".join(f"{k} {v}" for k, v in a["extender_threads_cpu_ms_per_pod"].items())
         print(f"extender CPU ms per bound pod by thread ({arm}): {threads}")
         print(f"pod watch events per bound pod ({arm}): {json.dumps(a['watch_events_per_pod'])}")
+        print(f"extender GC ms per bound pod by generation ({arm}): {json.dumps(a['extender_gc_ms_per_pod'])}")
         print(
             f"kube-scheduler connections to the extender per bound pod ({arm}, sampled): {a['extender_connections_per_pod']}"
         )

@@ -29,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 _lock = threading.Lock()
 _active = 0  # lists in progress
@@ -84,3 +86,29 @@ def settle(names: int) -> None:
     else:
         gc.collect(1)  # the young generations only: a full one walked the pass's results again and found nothing
     gc.freeze()
+
+
+# Seconds the collector ran, per generation, since `time_collections` (the extender's /metrics: a collection runs on
+# whichever thread allocated past a threshold, so its time hides inside that thread's CPU; benchmarks/scale.py).
+_collection_s = [0.0, 0.0, 0.0]
+_collection_started = 0.0
+
+
+def _timer(phase: str, info: dict[str, Any]) -> None:
+    """gc.callbacks: collections hold the GIL from start to stop, so one start time serves every thread."""
+    global _collection_started
+    if phase == "start":
+        _collection_started = time.perf_counter()
+    elif 0 <= (gen := int(info.get("generation", 0))) < len(_collection_s):
+        _collection_s[gen] += time.perf_counter() - _collection_started
+
+
+def time_collections() -> None:
+    """Count the collector's time per generation from now on (once per process; a second call changes nothing)."""
+    if _timer not in gc.callbacks:
+        gc.callbacks.append(_timer)
+
+
+def collection_seconds() -> tuple[float, float, float]:
+    """Seconds spent in collections of generation 0, 1 and 2 since `time_collections`."""
+    return (_collection_s[0], _collection_s[1], _collection_s[2])

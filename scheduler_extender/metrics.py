@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler_extender.gcpause import collection_seconds
 from vgpu.state import ClusterState, NodeState
 
 MIB = 1024 * 1024
@@ -161,6 +162,20 @@ class _Rest(Collector):
         yield from self.registry.collect()
 
 
+class _CollectorTime(Collector):
+    """The garbage collector's seconds by generation (scheduler_extender.gcpause.time_collections; zeros until main
+    starts timing): a collection runs on whichever thread allocated past a threshold, so its cost hides in that
+    thread's CPU."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "vgpu_extender_gc_seconds", "Seconds the garbage collector ran, by generation", labels=["generation"]
+        )
+        for generation, seconds in enumerate(collection_seconds()):
+            family.add_metric([str(generation)], seconds)
+        yield family
+
+
 class ExtenderMetrics:
     def __init__(self, state: ClusterState, registry: CollectorRegistry | None = None) -> None:
         # `registry` holds everything (tests and registry readers); /metrics renders the allocation view from its
@@ -169,6 +184,7 @@ class ExtenderMetrics:
         self.allocation = AllocationCollector(state)
         self.registry.register(self.allocation)
         self.rest = CollectorRegistry()
+        self.rest.register(_CollectorTime())
         self.latency = Histogram(
             "vgpu_extender_request_duration_seconds",
             "Extender verb latency",
