@@ -93,6 +93,10 @@ class _Shared:
     # `GpuUsage.state_id`, which GPU of that state in index order, memory, cores); `state` is then None.
     multi: tuple[tuple[str, tuple[tuple[int, int, int, int], ...]], ...] | None = None
     linked: float | None = None  # with `multi`: the topology term added to the score, where there is one
+    # A pod of several slices where GPU states rank equal (`_multi_ties`): those states, and the answer for each order
+    # of their GPUs by index on a node (`_split_key`), made by the first node of the class with that order.
+    split: frozenset[int] | None = None
+    splits: dict[tuple[int, ...], _Shared] | None = None
 
 
 # A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
@@ -315,6 +319,12 @@ def _shape(pod: PodInfo) -> tuple[object, ...]:
     return (key[0], key[1], None, *key[3:])  # shape_key's third item is the model
 
 
+def _split_key(node: NodeState, states: frozenset[int]) -> tuple[int, ...]:
+    """The states of `states` of the node's GPUs, in GPU index order: nodes of a class with the same order answer a
+    pod of several slices alike where GPUs of those states rank equal (`Planner._multi_ties`)."""
+    return tuple(k for u in node.gpus if (k := u.id_memo or u.state_id) in states)
+
+
 def _own_names(result: NodeResult, pod: PodInfo) -> NodeResult:
     """`result` naming `pod`'s own containers: a cached result may be another pod's of the same shape
     (`PodRequest.shape` leaves container names out; one container per request, in spec order), and the Assignment
@@ -532,12 +542,19 @@ class Planner:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
         ckey: int | None = None
         multi = False  # several slices: `_share_multi` decides whether the class may stand for the node
+        into: tuple[_Shared, tuple[int, ...]] | None = None  # a split class and this node's order of its tied states
         if classes is not None:
             ckey = node.class_key
             shared = classes.get(ckey)
             if shared is not None and shared is not _PER_NODE:
-                return self._of_class(node, shared)
-            if shared is not None:
+                if shared.split is None:
+                    return self._of_class(node, shared)
+                order = _split_key(node, shared.split)
+                known = shared.splits.get(order) if shared.splits is not None else None
+                if known is not None:
+                    return self._of_class(node, known)
+                into = (shared, order)
+            elif shared is not None:
                 ckey = None
             reqs = pod.request.containers
             multi = len(reqs) != 1 or reqs[0].count != 1
@@ -547,10 +564,11 @@ class Planner:
         fit = fit_node(node, pod, self.config, rank, memo)
         if isinstance(fit, FitFailure):
             if ckey is not None and classes is not None and memo is not None:
-                shareable = self._multi_shareable(node, pod, rank, None) if multi else memo.shared
-                classes[ckey] = (
-                    _Shared(None, failure=fit, result=NodeResult(None, failure=fit)) if shareable else _PER_NODE
-                )
+                failed = _Shared(None, failure=fit, result=NodeResult(None, failure=fit))
+                if multi:
+                    self._record_multi(classes, ckey, node, pod, rank, into, None, failed)
+                else:
+                    classes[ckey] = failed if memo.shared else _PER_NODE
             return NodeResult(None, failure=fit)
         policy_score = policy.score(node, fit, pod)
         base, head = role_parts(node, fit, pod, self.config.roles)
@@ -566,20 +584,53 @@ class Planner:
                 added = self.config.topology_weight * linked
                 score += added
         if ckey is not None and classes is not None and multi:
-            classes[ckey] = self._share_multi(node, fit, pod, rank, (policy_score, base, head, score, added))
+            answer = self._share_multi(node, fit, (policy_score, base, head, score, added))
+            self._record_multi(classes, ckey, node, pod, rank, into, fit, answer)
         return NodeResult(fit, score=score)
 
-    def _multi_shareable(self, node: NodeState, pod: PodInfo, rank: GpuRank, fit: NodePlacement | None) -> bool:
+    def _record_multi(
+        self,
+        classes: Classes,
+        ckey: int,
+        node: NodeState,
+        pod: PodInfo,
+        rank: GpuRank,
+        into: tuple[_Shared, tuple[int, ...]] | None,
+        fit: NodePlacement | None,
+        answer: _Shared,
+    ) -> None:
+        """Keep this node's `answer` for a pod of several slices (`fit`, None where it failed) as its class's
+        (`_multi_ties`): for the class, for the node's order of the tied states of a split class (`into`), or not at
+        all (`_PER_NODE`)."""
+        if into is not None:
+            split, order = into
+            assert split.splits is not None
+            split.splits[order] = answer
+            return
+        ties = self._multi_ties(node, pod, rank, fit)
+        if ties is None:
+            classes[ckey] = _PER_NODE
+        elif not ties:
+            classes[ckey] = answer
+        else:
+            classes[ckey] = _Shared(None, split=ties, splits={_split_key(node, ties): answer})
+
+    def _multi_ties(
+        self, node: NodeState, pod: PodInfo, rank: GpuRank, fit: NodePlacement | None
+    ) -> frozenset[int] | None:
         """Whether `fit_node`'s answer for a pod of several slices (`fit`, None where it failed) depends only on the
-        node's `NodeState.class_key`, up to which GPUs of the chosen states it names: on another node of the class the
-        k-th GPU (in index order) of a state stands for this node's k-th GPU of that state.
+        node's `NodeState.class_key` (None: it does not) and, where GPUs of several states rank equal, on how the
+        GPUs of those states (the set returned, empty where none tie) interleave by index: on another node of the
+        class, with its GPUs of those states in the same order of states, the k-th GPU (in index order) of a state
+        stands for this node's k-th GPU of that state.
 
         That holds where the fit's order over the node's GPUs is by (state, index) alone: a `StateRank`, no GPU left
         out by UUID or model (a cordon, an unhealthy GPU, a pod's GPU filter), no kubelet offer, no NVLink or NUMA
-        choice (a flat topology: `vgpu.topology.choose` then takes the policy's first GPUs), and no two states that
-        rank equal among those a container takes or passes over before its last one (the index would interleave
-        them, as `_share_tied` handles for one slice). A failure of a one-container pod counts every GPU with none
-        placed yet; where a later container fails, the earlier ones' choices must not hold a tie either."""
+        choice (a flat topology: `vgpu.topology.choose` then takes the policy's first GPUs). The states that tie are
+        those that rank equal among the ones a one-container pod takes or passes over before its last one (the index
+        interleaves them, as `_share_tied` handles for one slice), or among any a container of several could take (a
+        container's candidates depend on the slices placed before it). A failure of a one-container pod counts every
+        GPU with none placed yet."""
         config = self.config
         inv = node.inventory
         if (
@@ -592,10 +643,11 @@ class Planner:
             or pod.gpu_filter is not None
             or pod.require_nvlink
         ):
-            return False
+            return None
         reqs = pod.request.containers
         if fit is None and len(reqs) == 1:
-            return True
+            return frozenset()
+        ties: set[int] = set()
         by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
         for i, req in enumerate(reqs):
             # Each state that could host one of the container's slices with nothing placed yet (a slice placed by an
@@ -610,35 +662,28 @@ class Planner:
                     continue
                 keys[u.state_id] = (role_rank(u, pod) if by_role_order else 0, rank(u, mem, cores, pod))
             bound: tuple[float, float] | None = None
-            if fit is not None:
+            if fit is not None and len(reqs) == 1:  # (a later container's bound depends on the states taken before)
                 for d in fit.containers[i].devices:
                     key = keys.get(node.by_uuid[d.uuid].state_id)
                     if key is None:
-                        return False
+                        return None
                     bound = key if bound is None or key > bound else bound
-            seen: set[tuple[float, float]] = set()
-            for key in keys.values():
+            first: dict[tuple[float, float], int] = {}
+            for state, key in keys.items():
                 if bound is None or key <= bound:
-                    if key in seen:
-                        return False
-                    seen.add(key)
-        return True
+                    other = first.setdefault(key, state)
+                    if other != state:
+                        ties.update((other, state))
+        return frozenset(ties)
 
     def _share_multi(
-        self,
-        node: NodeState,
-        fit: NodePlacement,
-        pod: PodInfo,
-        rank: GpuRank,
-        scored: tuple[float, float, float | None, float, float | None],
+        self, node: NodeState, fit: NodePlacement, scored: tuple[float, float, float | None, float, float | None]
     ) -> _Shared:
-        """The class's answer for a pod of several slices (`_multi_shareable`), from this node's fit and `scored`: the
+        """The class's answer for a pod of several slices (`_multi_ties`), from this node's fit and `scored`: the
         policy's score, the role score's base and headroom, the whole score and the topology term in it. The policy's
         score (the fgd family's reads the GPUs' frees sorted) and the role score's base read only the chosen GPUs'
         states and what the class key holds; the headroom sums every GPU's term in index order, so it is the node's
         own unless clear of its cap (`_share`'s way); a flat node's topology term is the same on every one."""
-        if not self._multi_shareable(node, pod, rank, fit):
-            return _PER_NODE
         policy_score, base, head, score, added = scored
         nth: dict[str, int] = {}
         counts: dict[int, int] = {}
@@ -750,7 +795,7 @@ class Planner:
     def _classes_for(self, key: tuple[object, ...], pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> Classes | None:
         """The node classes of this memoised shape, or None where a class cannot stand for its nodes: a policy whose
         score reads more than the class (only the fgd family's does not), a GPU policy override, a per-pod score, a
-        pod asking no GPU. A pod of several slices may take a class's answer too (`_multi_shareable` says where)."""
+        pod asking no GPU. A pod of several slices may take a class's answer too (`_multi_ties` says where)."""
         if (
             not getattr(policy, "class_scored", False)
             or rank != policy.gpu_rank

@@ -217,10 +217,10 @@ def test_a_class_of_identical_nodes_is_fitted_once_and_each_node_names_its_own_g
     _exact(ev, _fresh(p, two, list(state.nodes)))
 
 
-def test_states_that_rank_equal_are_fitted_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_states_that_rank_equal_split_a_class_by_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decode of model m and a prefill of model x at the same fill rank equal for a role-less pod (the fgd order
-    reads the free share): a 2-slice pod takes one GPU of each, in index order, which differs between the nodes, so
-    none takes the class's answer."""
+    reads the free share): a 2-slice pod takes one GPU of each, in index order, which differs between the nodes. The
+    class splits by the order of those states' GPUs: one full fit for each order, and each node names its own GPUs."""
     state = ClusterState(PlacementConfig(node_policy="default"))
     for n in range(20):
         name = f"n{n:02d}"
@@ -234,10 +234,12 @@ def test_states_that_rank_equal_are_fitted_per_node(monkeypatch: pytest.MonkeyPa
     pod = make_info("s", gpu=2, gpumem_percentage=25, gpucores=25)
     fits = _full_fits(monkeypatch)
     ev = p.evaluate(pod)
-    assert len(fits) == len(state.nodes)  # the tie: every node fitted on its own
+    assert sorted(fits) == ["n00", "n01"]  # one node of each order
     _exact(ev, _fresh(p, pod, list(state.nodes)))
     orders = {tuple(d.index for d in r.placement.containers[0].devices) for r in ev.feasible.values() if r.placement}
     assert orders == {(0, 3)}  # lowest index first on every node, whichever state it holds
+    chosen = {n: r.placement.containers[0].devices[0].uuid for n, r in ev.feasible.items() if r.placement}
+    assert chosen["n00"] == "n00-g0" and chosen["n01"] == "n01-g0"
 
 
 def test_numa_nodes_without_nvlink_are_not_shared_with_flat_ones() -> None:
