@@ -175,7 +175,7 @@ def fit_node(
     near = near_counterpart(node, pod) if by_role_order and config.topology else frozenset()
     # A `StateRank` ranks GPUs in equal states alike: asked once per state.
     state_rank = isinstance(rank, StateRank)
-    for req in pod.request.containers:
+    for req in reqs:
         # Kubelet agreement: only GPUs whose replicas the kubelet will offer (vgpu.kubelet_topology).
         offer = None if inv.kubelet is None else fit_offer(inv.kubelet, node.gpus, extra, req, pod.request)
         if offer is not None and offer.refusal is not None:
@@ -271,13 +271,15 @@ def fit_node(
         if offer is not None and (why := offer.problem(t[4].device.uuid for t in chosen)) is not None:
             return FitFailure(f"container {req.container!r}: {why}")
         devices: list[DeviceSlice] = []
+        later = len(out) + 1 < len(reqs)  # only a later container reads what this one holds
         for _, _, _, _, u, mem, cores in chosen:
             devices.append(DeviceSlice(uuid=u.device.uuid, index=u.device.index, memory_mib=mem, cores=cores))
-            e = extra.setdefault(u.device.uuid, [0, 0, 0, 0])
-            e[0] += mem
-            e[1] += cores
-            e[2] += 1
-            e[3] += cores == 0
+            if later:
+                e = extra.setdefault(u.device.uuid, [0, 0, 0, 0])
+                e[0] += mem
+                e[1] += cores
+                e[2] += 1
+                e[3] += cores == 0
         out.append(ContainerAssignment(name=req.container, devices=tuple(devices)))
     return NodePlacement(node.name, tuple(out))
 

@@ -348,3 +348,24 @@ def test_the_score_of_several_slices_is_the_fragmentation_model_s(seed: int) -> 
                 assert got == policy.score(node, fit, pod)
                 checked += 1
     assert checked > 100, checked
+
+
+def test_frees_after_is_each_gpu_s_free_share_less_what_the_placement_takes() -> None:
+    from vgpu.placement.gpushare import free_milli, frees_after, slice_milli
+
+    state = _cluster(21)
+    rng = random.Random(21)
+    policy = Fgd()
+    checked = 0
+    for pod in [_pod(rng, i) for i in range(30)]:
+        for node in state.nodes.values():
+            fit = fit_node(node, pod, state.config, policy.node_gpu_rank(node, pod))
+            if not isinstance(fit, NodePlacement):
+                continue
+            taken: dict[str, int] = {}
+            for d in (d for c in fit.containers for d in c.devices):
+                taken[d.uuid] = taken.get(d.uuid, 0) + slice_milli(d.memory_mib, d.cores, node.by_uuid[d.uuid])
+            want = [max(0, free_milli(u) - taken.get(u.device.uuid, 0)) for u in node.gpus]
+            assert frees_after(node, fit) == want
+            checked += bool(taken)
+    assert checked > 100, checked

@@ -69,10 +69,12 @@ def frees_after(node: NodeState, placement: NodePlacement) -> list[int]:
     for c in placement.containers:
         for s in c.devices:
             taken[s.uuid] = taken.get(s.uuid, 0) + slice_milli(s.memory_mib, s.cores, node.by_uuid[s.uuid])
-    frees = node_frees(node)
-    if not taken:
-        return list(frees)
-    return [max(0, f - taken.get(u.device.uuid, 0)) for f, u in zip(frees, node.gpus, strict=True)]
+    out = list(node_frees(node))
+    pos = node.positions
+    for uuid, t in taken.items():  # the other GPUs keep their free share (never negative: `free_milli`)
+        i = pos[uuid]
+        out[i] = max(0, out[i] - t)
+    return out
 
 
 def host_after(node: NodeState, pod: PodInfo) -> tuple[int, int]:
