@@ -103,21 +103,6 @@ def _timer(phase: str, info: dict[str, Any]) -> None:
         _collection_s[gen] += time.perf_counter() - _collection_started
 
 
-# The young generation's threshold in the extender's process (CPython's default is 700 net container allocations):
-# at 700 the collector ran every few watch events and verb calls, and the collections of generation 1 walked what
-# the planner made since its last settle again each time: 1.6 ms a bound pod in benchmarks/scale.py at N = 1,000
-# (vgpu_extender_gc_seconds_total: generation 0 0.77, generation 1 0.87, generation 2 0). Most of what a request
-# makes is freed by reference counting before any collection sees it; a collection only finds cycles, and these
-# wait a little longer for it. The older generations keep CPython's ratios (10, 10).
-YOUNG_THRESHOLD = 20_000
-
-
-def tune_thresholds() -> None:
-    """The extender's own collector thresholds (its process only, like `freeze_after_lists`)."""
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
-
-
 def time_collections() -> None:
     """Count the collector's time per generation from now on (once per process; a second call changes nothing)."""
     if _timer not in gc.callbacks:

@@ -222,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     gcpause.freeze_after_lists()  # this process's state lives as long as it does (scheduler_extender.gcpause)
     gcpause.time_collections()  # vgpu_extender_gc_seconds_total
-    gcpause.tune_thresholds()
     try:
         service, _source, election = build_service(settings)
     except MissingPrerequisite as exc:

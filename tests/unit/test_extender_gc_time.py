@@ -35,13 +35,3 @@ def test_collections_are_timed_by_generation_and_exposed() -> None:
     metrics = ExtenderMetrics(ClusterState())
     exposed = _exposed(metrics.exposition(threading.RLock()).decode())
     assert set(exposed) == {"0", "1", "2"} and exposed["2"] >= after[2]
-
-
-def test_the_young_threshold_is_raised_and_the_older_ratios_kept() -> None:
-    saved = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        gcpause.tune_thresholds()
-        assert gc.get_threshold() == (gcpause.YOUNG_THRESHOLD, 10, 10)
-    finally:
-        gc.set_threshold(*saved)
