@@ -118,7 +118,8 @@ Classes = dict[int, _Shared]  # by `NodeState.class_key`
 
 class NodeResult:
     """A node's fit (`placement`, None when it failed), score and failure. Immutable. A node that takes its class's
-    answer (`_Shared`) names its GPU only when asked: a cold pass over 5,000 nodes reads the placement of a few."""
+    answer (`_Shared`) names its GPU only when asked: a cold pass over 5,000 nodes reads the placement of a few. For a
+    pod of several slices (`_Shared.multi`) it keeps the node's GPU of each slice, in the answer's order."""
 
     __slots__ = ("_dev", "_node", "_placement", "_shared", "failure", "score")
 
@@ -128,10 +129,10 @@ class NodeResult:
         self.failure = failure
         self._shared: _Shared | None = None
         self._node = ""
-        self._dev: GpuDevice | None = None
+        self._dev: GpuDevice | tuple[GpuDevice, ...] | None = None
 
     @classmethod
-    def of_class(cls, node: str, dev: GpuDevice, shared: _Shared, score: float) -> NodeResult:
+    def of_class(cls, node: str, dev: GpuDevice | tuple[GpuDevice, ...], shared: _Shared, score: float) -> NodeResult:
         """The result of a node that takes its class's answer `shared` on its GPU `dev` (one object: a cold pass
         makes one per node, and fewer objects mean fewer garbage collections of a large heap)."""
         out = object.__new__(cls)
@@ -147,8 +148,22 @@ class NodeResult:
     def placement(self) -> NodePlacement | None:
         shared, dev = self._shared, self._dev
         if shared is not None and dev is not None and self._placement is None:
-            slc = DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=shared.memory_mib, cores=shared.cores)
-            self._placement = NodePlacement(self._node, (ContainerAssignment(name=shared.container, devices=(slc,)),))
+            if isinstance(dev, tuple):
+                assert shared.multi is not None
+                containers, at = [], 0
+                for name, slices in shared.multi:
+                    devices = tuple(
+                        DeviceSlice(uuid=d.uuid, index=d.index, memory_mib=mem, cores=cores)
+                        for d, (_, _, mem, cores) in zip(dev[at : at + len(slices)], slices, strict=True)
+                    )
+                    containers.append(ContainerAssignment(name=name, devices=devices))
+                    at += len(slices)
+                self._placement = NodePlacement(self._node, tuple(containers))
+            else:
+                slc = DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=shared.memory_mib, cores=shared.cores)
+                self._placement = NodePlacement(
+                    self._node, (ContainerAssignment(name=shared.container, devices=(slc,)),)
+                )
         return self._placement
 
     def _fields(self) -> tuple[NodePlacement | None, float, FitFailure | None]:
@@ -703,34 +718,37 @@ class Planner:
             None, policy_score=policy_score, role_base=base, score=score if capped else None, multi=layout, linked=added
         )
 
-    def _of_multi(self, node: NodeState, shared: _Shared) -> NodeResult:
+    def _of_multi(self, node: NodeState, shared: _Shared, firsts: dict[int, GpuUsage] | None = None) -> NodeResult:
         """The class's answer for a pod of several slices on this node: for each slice the node's own GPU of the same
-        state and rank in index order; the class's score, or with the node's own headroom (`role_parts`' arithmetic)."""
+        state and rank in index order (the placement made when read); the class's score, or with the node's own
+        headroom (`role_parts`' arithmetic). `firsts`: the node's `first_of_state`, where the caller has it."""
         assert shared.multi is not None
-        members: dict[int, list[GpuDevice]] = {}
-        for u in node.gpus:
-            k = u.id_memo or u.state_id
-            group = members.get(k)
-            if group is None:
-                members[k] = [u.device]
-            else:
-                group.append(u.device)
-        containers = []
-        for name, slices in shared.multi:
-            devices = []
-            for state, n, mem, cores in slices:
-                dev = members[state][n]
-                devices.append(DeviceSlice(uuid=dev.uuid, index=dev.index, memory_mib=mem, cores=cores))
-            containers.append(ContainerAssignment(name=name, devices=tuple(devices)))
-        placement = NodePlacement(node.name, tuple(containers))
+        if firsts is None:
+            firsts = node.first_of_state
+        devs: list[GpuDevice] = []
+        members: dict[int, list[GpuDevice]] | None = None
+        for _, slices in shared.multi:
+            for state, n, _, _ in slices:
+                if n == 0:
+                    devs.append(firsts[state].device)
+                    continue
+                if members is None:
+                    members = {}
+                    for u in node.gpus:
+                        members.setdefault(u.id_memo or u.state_id, []).append(u.device)
+                devs.append(members[state][n])
         score = shared.score
+        result = NodeResult.of_class(node.name, tuple(devs), shared, 0.0 if score is None else score)
         if score is None:
+            placement = result.placement
+            assert placement is not None
             rules = self.config.roles
             head = rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
             score = shared.policy_score + (shared.role_base + head)
             if shared.linked is not None:
                 score += shared.linked
-        return NodeResult(placement, score=score)
+            result.score = score
+        return result
 
     def _share(
         self, node: NodeState, fit: NodePlacement, policy_score: float, base: float, head: float | None, score: float
@@ -773,7 +791,7 @@ class Planner:
         """The class's answer on this node: its first GPU in the chosen state, the same slice and score. `firsts`: the
         node's `first_of_state`, where the caller has it."""
         if shared.multi is not None:
-            return self._of_multi(node, shared)
+            return self._of_multi(node, shared, firsts)
         if shared.state is None:
             return NodeResult(None, failure=shared.failure)
         if firsts is None:
@@ -1149,31 +1167,37 @@ class Planner:
             return
         nodes = self.state.nodes
         feasible, scores = out.feasible, out.scores
+        per_node, of_class = _PER_NODE, NodeResult.of_class
         for name in names:
             node = nodes.get(name)
             if node is not None:
+                version = node.version
                 hit = cache.get(name)
-                if hit is None or hit[0] != node.version:
-                    _, ckey, firsts = node.classified()
-                    shared = classes.get(ckey)
-                    if shared is not None and shared is not _PER_NODE:
-                        if shared.state is not None:
+                if hit is None or hit[0] != version:
+                    memo = node.class_memo  # `NodeState.classified` without the call where it is current
+                    if memo is None or memo[0] != version:
+                        memo = node.classified()
+                    shared = classes.get(memo[1])
+                    if shared is not None and shared is not per_node:
+                        state = shared.state
+                        if state is not None:
                             score = shared.score
                             if shared.tied is None and score is not None:
-                                result = NodeResult.of_class(name, firsts[shared.state].device, shared, score)
+                                result = of_class(name, memo[2][state].device, shared, score)
                             else:  # a tie between states, or the node's own headroom in the score
-                                result = self._of_class(node, shared, firsts)
-                            cache[name] = (node.version, result)
+                                result = self._of_class(node, shared, memo[2])
+                                score = result.score
+                            cache[name] = (version, result)
                             feasible[name] = result
-                            scores[name] = result.score
+                            scores[name] = score
                             continue
                         if shared.result is not None:
                             cache[name] = (node.version, shared.result)
                             self._record(out, name, shared.result)
                             continue
                         if shared.multi is not None:
-                            result = self._of_multi(node, shared)
-                            cache[name] = (node.version, result)
+                            result = self._of_multi(node, shared, memo[2])
+                            cache[name] = (version, result)
                             feasible[name] = result
                             scores[name] = result.score
                             continue
