@@ -295,7 +295,7 @@ def _ranks(node: NodeState, pod: PodInfo, policy: Fgd) -> list[tuple[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_fit_node_decides_what_the_plain_fit_decides(seed: int) -> None:
     state = _cluster(seed)
     rng = random.Random(1000 + seed)
