@@ -128,8 +128,13 @@ class Books:
             self.terminating.discard(key)
             self.pending.pop(key, None)
             return
-        self.pods[key] = pod_meta(pod)
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        meta = pod.get("metadata") or {}
+        known = self.pods.get(key)
+        # A pod's UID, namespace, creation time and spec.priority never change, so its PodMeta only changes with its
+        # labels: most events (bound, status, deleting) keep it, without parsing the creation time again.
+        if known is None or known.uid != str(meta.get("uid") or "") or known.labels != (meta.get("labels") or {}):
+            self.pods[key] = pod_meta(pod)
+        if meta.get("deletionTimestamp"):
             self.terminating.add(key)
         else:
             self.terminating.discard(key)
