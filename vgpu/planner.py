@@ -94,9 +94,13 @@ class _Shared:
     multi: tuple[tuple[str, tuple[tuple[int, int, int, int], ...]], ...] | None = None
     linked: float | None = None  # with `multi`: the topology term added to the score, where there is one
     # A pod of several slices where GPU states rank equal (`_multi_ties`): those states, and the answer for each order
-    # of their GPUs by index on a node (`_split_key`), made by the first node of the class with that order.
+    # of their GPUs by index on a node (`_split_key`), made by the first node of the class with that order. For a pod
+    # of one container, `ranks` (each candidate state's order key bar the index) and `take` (its count) make the key
+    # the states of the GPUs it takes, in order, instead.
     split: frozenset[int] | None = None
     splits: dict[tuple[int, ...], _Shared] | None = None
+    ranks: dict[int, tuple[float, float]] | None = None
+    take: int = 0
 
 
 # A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
@@ -334,9 +338,17 @@ def _shape(pod: PodInfo) -> tuple[object, ...]:
     return (key[0], key[1], None, *key[3:])  # shape_key's third item is the model
 
 
-def _split_key(node: NodeState, states: frozenset[int]) -> tuple[int, ...]:
-    """The states of `states` of the node's GPUs, in GPU index order: nodes of a class with the same order answer a
-    pod of several slices alike where GPUs of those states rank equal (`Planner._multi_ties`)."""
+def _split_key(node: NodeState, split: _Shared) -> tuple[int, ...]:
+    """What decides a split class's answer on this node (`Planner._multi_ties`): for a pod of one container, the states
+    of the GPUs it takes in the fit's order ((rank key, index) over the candidate states, the first `take`: the GPUs of
+    a state it takes are that state's lowest-index ones, so the states fix which); else the states of `split.split`
+    of the node's GPUs in index order."""
+    ranks = split.ranks
+    if ranks is not None:
+        picked = sorted((ranks[k], u.device.index, k) for u in node.gpus if (k := u.id_memo or u.state_id) in ranks)
+        return tuple(t[2] for t in picked[: split.take])
+    states = split.split
+    assert states is not None
     return tuple(k for u in node.gpus if (k := u.id_memo or u.state_id) in states)
 
 
@@ -564,7 +576,7 @@ class Planner:
             if shared is not None and shared is not _PER_NODE:
                 if shared.split is None:
                     return self._of_class(node, shared)
-                order = _split_key(node, shared.split)
+                order = _split_key(node, shared)
                 known = shared.splits.get(order) if shared.splits is not None else None
                 if known is not None:
                     return self._of_class(node, known)
@@ -622,17 +634,23 @@ class Planner:
             assert split.splits is not None
             split.splits[order] = answer
             return
-        ties = self._multi_ties(node, pod, rank, fit)
-        if ties is None:
+        found = self._multi_ties(node, pod, rank, fit)
+        if found is None:
             classes[ckey] = _PER_NODE
-        elif not ties:
+            return
+        ties, ranks = found
+        if not ties:
             classes[ckey] = answer
-        else:
-            classes[ckey] = _Shared(None, split=ties, splits={_split_key(node, ties): answer})
+            return
+        reqs = pod.request.containers
+        split = _Shared(None, split=ties, splits={}, ranks=ranks, take=reqs[0].count if ranks is not None else 0)
+        assert split.splits is not None
+        split.splits[_split_key(node, split)] = answer
+        classes[ckey] = split
 
     def _multi_ties(
         self, node: NodeState, pod: PodInfo, rank: GpuRank, fit: NodePlacement | None
-    ) -> frozenset[int] | None:
+    ) -> tuple[frozenset[int], dict[int, tuple[float, float]] | None] | None:
         """Whether `fit_node`'s answer for a pod of several slices (`fit`, None where it failed) depends only on the
         node's `NodeState.class_key` (None: it does not) and, where GPUs of several states rank equal, on how the
         GPUs of those states (the set returned, empty where none tie) interleave by index: on another node of the
@@ -645,7 +663,8 @@ class Planner:
         those that rank equal among the ones a one-container pod takes or passes over before its last one (the index
         interleaves them, as `_share_tied` handles for one slice), or among any a container of several could take (a
         container's candidates depend on the slices placed before it). A failure of a one-container pod counts every
-        GPU with none placed yet."""
+        GPU with none placed yet. With the states, for a pod of one container that fits: each candidate state's order
+        key (`_split_key`)."""
         config = self.config
         inv = node.inventory
         if (
@@ -661,13 +680,14 @@ class Planner:
             return None
         reqs = pod.request.containers
         if fit is None and len(reqs) == 1:
-            return frozenset()
+            return frozenset(), None
         ties: set[int] = set()
+        keys: dict[int, tuple[float, float]] = {}
         by_role_order = config.roles.gpu_role_order and (pod.role.does_prefill or pod.role.does_decode)
         for i, req in enumerate(reqs):
             # Each state that could host one of the container's slices with nothing placed yet (a slice placed by an
             # earlier container only ever rules a GPU out), and `fit_node`'s order key there bar the index.
-            keys: dict[int, tuple[float, float]] = {}
+            keys = {}
             for u in node.state_groups:
                 dev = u.device
                 mem, cores = req.memory_on(dev.memory_mib), req.cores_on(dev.memory_mib)
@@ -689,7 +709,7 @@ class Planner:
                     other = first.setdefault(key, state)
                     if other != state:
                         ties.update((other, state))
-        return frozenset(ties)
+        return frozenset(ties), (keys if len(reqs) == 1 and fit is not None else None)
 
     def _share_multi(
         self, node: NodeState, fit: NodePlacement, scored: tuple[float, float, float | None, float, float | None]

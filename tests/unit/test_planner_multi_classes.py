@@ -262,3 +262,26 @@ def test_numa_nodes_without_nvlink_are_not_shared_with_flat_ones() -> None:
     placement = ev.feasible["n1"].placement
     assert isinstance(placement, NodePlacement)
     assert [d.index for d in placement.containers[0].devices] == [2, 3]  # both on the NUMA node with two free
+
+
+def test_a_one_container_pod_splits_a_tied_class_by_the_states_it_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two GPUs of a decode of model m and one of a prefill of model x, all at 25 %, rank equal for a role-less 2-slice
+    pod, which takes the two lowest-index ones: nodes whose GPUs of those states sit in other orders but that take the
+    same states in the same order share one fit."""
+    layouts = [(0, 1, 2), (0, 2, 3), (1, 2, 3), (1, 3, 0), (2, 3, 0), (3, 0, 1)]  # GPUs of: decode, decode, prefill
+    state = ClusterState(PlacementConfig(node_policy="default"))
+    for n, (d1, d2, pf) in enumerate(layouts):
+        name = f"n{n}"
+        state.upsert_node(make_node(name, 4, split=4))
+        for k, g in enumerate((d1, d2)):
+            state.apply(f"bg/{name}-d{k}", make_assignment(name, [(g, 20480, 25)], role=Role.DECODE, model="m"))
+        state.apply(f"bg/{name}-p", make_assignment(name, [(pf, 20480, 25)], role=Role.PREFILL, model="x"))
+        full = ({0, 1, 2, 3} - {d1, d2, pf}).pop()
+        state.apply(f"bg/{name}-f", make_assignment(name, [(full, 81920, 100)]))
+    p = Planner(state)
+    pod = make_info("s", gpu=2, gpumem_percentage=25, gpucores=25)
+    fits = _full_fits(monkeypatch)
+    ev = p.evaluate(pod)
+    # The states taken, in order: n0, n1, n2 (m, m); n3, n4 (x, m); n5 (m, x): one full fit for each.
+    assert sorted(fits) == ["n0", "n3", "n5"]
+    _exact(ev, _fresh(p, pod, list(state.nodes)))
