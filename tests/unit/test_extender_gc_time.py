@@ -7,6 +7,9 @@ import gc
 import itertools
 import re
 import threading
+from collections.abc import Iterator
+
+import pytest
 
 from scheduler_extender import gcpause
 from scheduler_extender.metrics import ExtenderMetrics
@@ -19,6 +22,17 @@ def _exposed(text: str) -> dict[str, float]:
     }
 
 
+@pytest.fixture
+def timed() -> Iterator[None]:
+    """The timer for this test only: the session's other tests run without a callback of ours."""
+    installed = gcpause._timer in gc.callbacks
+    yield
+    if not installed:
+        while gcpause._timer in gc.callbacks:
+            gc.callbacks.remove(gcpause._timer)
+
+
+@pytest.mark.usefixtures("timed")
 def test_collections_are_timed_by_generation_and_exposed() -> None:
     gcpause.time_collections()
     gcpause.time_collections()  # once per process: a second call adds no second timer
