@@ -287,16 +287,20 @@ def fit_node(
 _Verdict = tuple[int, int, str | None, int]
 # `_judge`'s answers by GPU state (`GpuUsage.state_id`), per slice ask, pod role and model (where the role order reads
 # it) and config (held, so its id stays its own): the first nodes of a pass meet most states a cluster has, the
-# others look them up. A process-wide memo like `vgpu.state.intern`, bounded like `ShapeMemo.slots`.
+# others look them up. A process-wide memo like `vgpu.state.intern`. Bounded in all: at most `_JUDGED_LIMIT` tables of
+# `_JUDGED_SLOTS` states (and one node's GPUs more each), ~40 MiB at most (tests/unit/test_review_s7.py). A table
+# keeps the states churn has left behind until it is full, while a cluster's live states are few (cold_shape's
+# 5,000-node clusters: 5 usual, 116 packed); 512 tables of 65,536 states could have reached ~5 GiB.
 _JUDGED: dict[tuple[object, ...], tuple[PlacementConfig, dict[int, _Verdict]]] = {}
-_JUDGED_LIMIT = 512
+_JUDGED_LIMIT = 256
+_JUDGED_SLOTS = 1 << 10
 
 
 def _judged(req: ContainerRequest, pod: PodInfo, config: PlacementConfig, by_role_order: bool) -> dict[int, _Verdict]:
     key = (id(config), req.memory_mib, req.memory_percentage, req.cores, pod.role, pod.model if by_role_order else None)
     hit = _JUDGED.get(key)
     if hit is not None and hit[0] is config:
-        if len(hit[1]) >= _SLOTS_LIMIT:
+        if len(hit[1]) >= _JUDGED_SLOTS:
             hit[1].clear()
         return hit[1]
     if len(_JUDGED) >= _JUDGED_LIMIT:
