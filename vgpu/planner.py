@@ -35,6 +35,7 @@ from vgpu.topology import placement_score
 MAX_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 PriorityMapping = Literal["rank", "minmax"]
 _CACHED_SHAPES = 256
+_CLASSES_MIN = 4096  # a shape's node classes kept at least (`Planner._classes_for`): twice the nodes above that
 _INCREMENTAL_LIMIT = 256  # beyond this many changed nodes a full pass is as cheap
 # Nodes a memoised evaluation keeps in rank order (the rank mapping's best ten and some more), so that after a bind
 # it re-ranks only the nodes that changed instead of all of them (5,000 nodes: ~3 ms a /prioritize).
@@ -846,6 +847,10 @@ class Planner:
             classes = self._classes[key] = {}
             if len(self._classes) > _CACHED_SHAPES:
                 self._classes.popitem(last=False)
+        elif len(classes) > max(_CLASSES_MIN, 2 * len(self.state.nodes)):
+            # Every node state met keeps its class (`class_key`s are never met again once churn moves the node on):
+            # a shape's classes grew without bound at a steady epoch. The live ones come back on the next nodes.
+            classes.clear()
         return classes
 
     def _memo_for(
