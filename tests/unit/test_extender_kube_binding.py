@@ -142,3 +142,16 @@ def test_no_server_is_not_an_http_answer() -> None:
     with pytest.raises(Exception) as caught:
         kube.create_binding(_api(conf), namespace="ns", name="p", uid="u", node="n")
     assert getattr(caught.value, "status", None) is None
+
+
+def test_the_raw_binding_post_escapes_namespace_and_name_into_one_path_segment_each(
+    server: tuple[client.Configuration, type[_Apiserver]],
+) -> None:
+    """/bind's PodNamespace and PodName come from its caller: a slash, '?', '#', '%' or space in them must not change
+    which resource the POST names (each is percent-encoded, as the generated client's path parameters were)."""
+    conf, handler = server
+    binder = KubeBinder(client.CoreV1Api(client.ApiClient(conf)))
+    binder.bind(namespace="n s%", name="a/b?x=1#y", uid="u", version="3", node="node-a", assignment=None)
+    [(_, path, _, body)] = handler.got
+    assert path == "/api/v1/namespaces/n%20s%25/pods/a%2Fb%3Fx%3D1%23y/binding"
+    assert (body["metadata"]["namespace"], body["metadata"]["name"]) == ("n s%", "a/b?x=1#y")

@@ -4,25 +4,18 @@
 Nodes whose GPUs differ in memory size (an 80 GiB and a 40 GiB card in one node, at shuffled indices), pods of
 several containers each asking several GPUs, absolute gpumem beside percentages, a GPU model filter, host room
 tracked, GPUs on two NUMA nodes. Every node's answer (GPU UUIDs in order, score to the bit, failure reason) must be
-what the uncached `Planner.evaluate_node` gives. Also: a shape's classes stay bounded through churn, and the raw
-Binding POST (scheduler_extender.kube.post_json) escapes the namespace and name it puts in its path.
+what the uncached `Planner.evaluate_node` gives. Also: a shape's classes stay bounded through churn.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-import threading
-from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 
 import pytest
-from kubernetes import client
 
 import vgpu.planner as planner_mod
-from scheduler_extender.kube import KubeBinder
 from tests.conftest import make_assignment, make_container, make_info, make_node
-from tests.unit.test_extender_kube_binding import _Apiserver
 from tests.unit.test_fit_fast import _fresh, _same
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice
@@ -151,27 +144,3 @@ def test_a_shapes_node_classes_stay_bounded_through_churn(monkeypatch: pytest.Mo
         if i % 150 == 0:
             _exact(ev, _fresh(p, pod, list(state.nodes)))
     assert most <= 64 + 20  # the bound, plus one pass's nodes before the next call clears
-
-
-@pytest.fixture
-def apiserver() -> Iterator[tuple[client.Configuration, type[_Apiserver]]]:
-    handler = type("Handler", (_Apiserver,), {"connections": [], "got": [], "answers": []})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield client.Configuration(host=f"http://127.0.0.1:{httpd.server_address[1]}"), handler
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def test_the_raw_binding_post_escapes_namespace_and_name_into_one_path_segment_each(
-    apiserver: tuple[client.Configuration, type[_Apiserver]],
-) -> None:
-    """/bind's PodNamespace and PodName come from its caller: a slash, '?', '#', '%' or space in them must not change
-    which resource the POST names (each is percent-encoded, as the generated client's path parameters were)."""
-    conf, handler = apiserver
-    binder = KubeBinder(client.CoreV1Api(client.ApiClient(conf)))
-    binder.bind(namespace="n s%", name="a/b?x=1#y", uid="u", version="3", node="node-a", assignment=None)
-    [(_, path, _, body)] = handler.got
-    assert path == "/api/v1/namespaces/n%20s%25/pods/a%2Fb%3Fx%3D1%23y/binding"
-    assert (body["metadata"]["namespace"], body["metadata"]["name"]) == ("n s%", "a/b?x=1#y")
