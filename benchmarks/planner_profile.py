@@ -74,12 +74,14 @@ class Driver:
     def __init__(self, svc: ExtenderService, answers: Path | None = None) -> None:
         self.svc = svc
         self.digest = hashlib.sha256()
+        self.raw = hashlib.sha256()  # every answer's bytes as sent, FailedNodes in the order the server wrote them
         self.calls = 0
         self.answers = None if answers is None else answers.open("wb")  # one line an answer, to find a difference
 
     def call(self, verb: str, model: Any, body: object) -> Any:
         args = model.model_validate_json(orjson.dumps(body))
         out = orjson.dumps(getattr(self.svc, verb)(args))
+        self.raw.update(verb.encode() + out)
         # FailedNodes is a map (kube-scheduler reads it as one): its order, which follows a memo's history, is no
         # part of a decision, so the digest takes every map's keys sorted.
         canon = orjson.dumps(orjson.loads(out), option=orjson.OPT_SORT_KEYS)
@@ -234,10 +236,13 @@ def run_warm(a: argparse.Namespace, tmp: Path) -> Driver:
     clock.now += 100  # the learning pods' holds expire (in a cluster their bind or its failure ends them)
 
     def window(i: int) -> list[str]:
-        if not a.sample:
-            return names
-        at = (i * a.sample) % len(names)
-        return (names[at:] + names[:at])[: a.sample]
+        asked = names
+        if a.sample:
+            at = (i * a.sample) % len(names)
+            asked = (names[at:] + names[:at])[: a.sample]
+        return asked[: len(asked) // 2] + ghosts + asked[len(asked) // 2 :] if ghosts else asked
+
+    ghosts = [f"no-gpu-{k}" for k in range(a.ghosts)]  # nodes without an inventory (no device plugin)
 
     counts = Counts(timed=not a.profile and GATE_ENV not in os.environ)
     with counts.installed():
@@ -356,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learn", type=int, default=100, help="warm: unbound learning pods before the measured ones")
     ap.add_argument("--sample", type=int, default=500, help="warm: names a /filter (0: all)")
     ap.add_argument("--floor", type=int, default=100, help="warm: no-GPU pods measured first")
+    ap.add_argument("--ghosts", type=int, default=0, help="warm: names without an inventory added to each /filter")
     ap.add_argument("--waves", type=int, default=2, help="scale: waves, each deleted at its end")
     ap.add_argument("--rate", type=float, default=50.0, help="scale: pods created a second (simulated clock)")
     ap.add_argument("--seed", type=int, default=None, help="default: 7 (warm), 1 (scale)")
@@ -372,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     a.seed = a.seed if a.seed is not None else (7 if warm else 1)
     with tempfile.TemporaryDirectory() as tmp:
         drv = run_warm(a, Path(tmp)) if warm else run_scale(a, Path(tmp))
-    print(f"digest {drv.digest.hexdigest()[:16]} over {drv.calls} answers")
+    print(f"digest {drv.digest.hexdigest()[:16]} over {drv.calls} answers (raw bytes {drv.raw.hexdigest()[:16]})")
     return 0
 
 

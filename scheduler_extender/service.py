@@ -176,23 +176,25 @@ class ExtenderService:
                 if first_time:
                     self.learning.arrived(info)
                 self.reservations.release_stale(info)
-                # Names without an inventory fail here with one shared message, outside the planner's per-shape
-                # caches, so a flood of unknown names costs one set lookup each and is never remembered.
-                known = self._known_names("filter", names)
+                # Names without an inventory fail with one shared message, outside the planner's per-shape caches,
+                # so a flood of unknown names costs one lookup each and is never remembered.
                 evaluation: Evaluation | None = None
                 if (
                     items is None
                     and not self.options.narrow_filter
                     and not (self.books.nominated or self.books.pending)
                 ):
-                    # The common call (names, no narrowing, no preemptor holding room): no subset evaluation is built.
-                    passed, failed, unresolvable = self.planner.filter_names(info, known)
+                    # The common call (names, no narrowing, no preemptor holding room): no subset evaluation is built,
+                    # and the planner tells the names without an inventory apart as it looks each name up.
+                    passed, failed, unresolvable = self.planner.filter_names(info, names, unknown=NO_INVENTORY)
                 else:
+                    known = self._known_names("filter", names)
                     evaluation = self._evaluate_held(args.Pod, info, known)
-                    failed, unresolvable = evaluation.failed, evaluation.unresolvable
-                if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation's dicts
-                    failed = {**failed, **dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY)}
-                    if evaluation is not None:
+                    if len(known) < len(names):  # a copy: the planner may hand out its memoised evaluation's dicts
+                        failed = {
+                            **evaluation.failed,
+                            **dict.fromkeys((n for n in names if n not in self.state.nodes), NO_INVENTORY),
+                        }
                         evaluation = dataclasses.replace(evaluation, failed=failed)
                 if evaluation is not None:
                     if self.options.narrow_filter:

@@ -66,6 +66,7 @@ class _Memo:
     # `ClusterState.names_version` when `name_set` held every node of the state (-1: it did not): while it has not
     # moved, names that have an inventory are all in `name_set`, and /filter's are not looked up again to know it.
     covers: int = -1
+    cover_checked: int = -1  # the `names_version` at which `Planner._filter_covered` last checked `covers` anew
 
     def __post_init__(self) -> None:
         self.keys = RankKeys(self.evaluation.scores)
@@ -491,6 +492,10 @@ class Planner:
         # Called with the number of names after each pass over them that built a new memoised evaluation: the
         # extender's process freezes the results a pass keeps (scheduler_extender.gcpause.settle).
         self.after_pass: Callable[[int], None] | None = None
+        # `_resolved`'s last pod and its answer, and `_absent`'s last pod and its stand-in: one pod's /filter,
+        # /prioritize, hold and /bind ask about the same PodInfo object several times.
+        self._last_pod: tuple[PodInfo, NodePolicy, GpuRank, tuple[object, ...]] | None = None
+        self._last_absent: tuple[PodInfo, PodInfo, tuple[object, ...]] | None = None
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -513,6 +518,17 @@ class Planner:
         if gpu_name not in _GPU_RANKS:  # only a bad cluster default gets here: the pod's own was checked above
             raise UnknownPolicyError(f"unknown GPU policy {gpu_name!r}; allowed: {', '.join(sorted(_GPU_RANKS))}")
         return node_policy, _GPU_RANKS[gpu_name]
+
+    def _resolved(self, pod: PodInfo) -> tuple[NodePolicy, GpuRank, tuple[object, ...]]:
+        """`_resolve(pod)` and `_shape(pod)`, kept for the last pod object asked (a PodInfo is immutable, the planner's
+        config and policy objects fixed; a pod that raises is not kept)."""
+        last = self._last_pod
+        if last is not None and last[0] is pod:
+            return last[1], last[2], last[3]
+        policy, rank = self._resolve(pod)
+        shape = _shape(pod)
+        self._last_pod = (pod, policy, rank, shape)
+        return policy, rank, shape
 
     def rank_on(self, node: NodeState, pod: PodInfo) -> GpuRank:
         """The GPU order the pod's policy uses on this node, as an evaluation does (vgpu.preemption needs it)."""
@@ -542,8 +558,9 @@ class Planner:
             return result
         return NodeResult(result.placement, score=result.score + pod_score(name, pod))
 
-    def _shape_memo(self, pod: PodInfo) -> ShapeMemo:
-        key = (_shape(pod), self.state.config)
+    def _shape_memo(self, pod: PodInfo, shape: tuple[object, ...] | None = None) -> ShapeMemo:
+        """The shape's `ShapeMemo` (`shape`: `_shape(pod)`, where the caller has it)."""
+        key = (_shape(pod) if shape is None else shape, self.state.config)
         memo = self._shapes.get(key)
         if memo is None:
             memo = self._shapes[key] = ShapeMemo()
@@ -858,18 +875,7 @@ class Planner:
     ) -> tuple[_Memo, dict[str, tuple[int, NodeResult]], NodePolicy, GpuRank]:
         """The up-to-date memoised evaluation of this pod's shape over `names` or a superset of them. `known_names`:
         every name has an inventory (the extender leaves the others out first)."""
-        policy, rank = self._resolve(pod)
-        key: tuple[object, ...] = (_shape(pod), policy.name, policy.epoch, self.state.config)
-        memo_key = self._memo_key(key, pod, policy)
-        cache = self._shape_cache(key)
-        fits = self._shape_memo(pod)
-        classes = self._classes_for(key, pod, policy, rank)
-        key = memo_key
-        memo = self._memo.get(key)
-        if memo is not None:
-            self._memo.move_to_end(key)
-            if memo.version != self.state.version and not self._refresh(memo):
-                memo = None
+        key, memo, cache, policy, rank, fits, classes = self._prepared(pod)
         known = (
             memo is not None and memo.passed is not None and memo.passed[0] is names and memo.passed[1] == memo.version
         )
@@ -896,6 +902,32 @@ class Planner:
                 self.after_pass(len(names))
         return memo, cache, policy, rank
 
+    def _prepared(
+        self, pod: PodInfo
+    ) -> tuple[
+        tuple[object, ...],
+        _Memo | None,
+        dict[str, tuple[int, NodeResult]],
+        NodePolicy,
+        GpuRank,
+        ShapeMemo,
+        Classes | None,
+    ]:
+        """The pod's memoised evaluation's key, the evaluation brought up to date by `_refresh` (None: there is none, or
+        too much changed), the shape's per-node cache, policy, GPU order, shape memo and node classes."""
+        policy, rank, shape = self._resolved(pod)
+        key: tuple[object, ...] = (shape, policy.name, policy.epoch, self.state.config)
+        memo_key = self._memo_key(key, pod, policy)
+        cache = self._shape_cache(key)
+        fits = self._shape_memo(pod, shape)
+        classes = self._classes_for(key, pod, policy, rank)
+        memo = self._memo.get(memo_key)
+        if memo is not None:
+            self._memo.move_to_end(memo_key)
+            if memo.version != self.state.version and not self._refresh(memo):
+                memo = None
+        return memo_key, memo, cache, policy, rank, fits, classes
+
     def _shape_cache(self, key: tuple[object, ...]) -> dict[str, tuple[int, NodeResult]]:
         """The per-node cache of (shape, policy, epoch, config) `key`, made on first use (most recent last)."""
         cache = self._cache.get(key)
@@ -916,10 +948,19 @@ class Planner:
         of such a node, where each model re-evaluated every node that changed since its own last pod."""
         if pod.model is None or not (pod.role.does_prefill or pod.role.does_decode):
             return None
-        stand_in = dataclasses.replace(pod, model=_ABSENT)
-        key = (_shape(stand_in), policy.name, policy.epoch, self.state.config)
+        last = self._last_absent
+        if last is not None and last[0] is pod:
+            stand_in, shape = last[1], last[2]
+        else:
+            stand_in = dataclasses.replace(pod, model=_ABSENT)
+            shape = _shape(stand_in)
+            self._last_absent = (pod, stand_in, shape)
+        key = (shape, policy.name, policy.epoch, self.state.config)
         return _Absent(
-            stand_in, self._shape_cache(key), self._shape_memo(stand_in), self._classes_for(key, stand_in, policy, rank)
+            stand_in,
+            self._shape_cache(key),
+            self._shape_memo(stand_in, shape),
+            self._classes_for(key, stand_in, policy, rank),
         )
 
     def _extend(
@@ -980,8 +1021,8 @@ class Planner:
         """The names of `names` that `evaluation` found feasible, in order (/filter's NodeNames). When `evaluation` is
         this planner's own answer for the pod over `names`, the list is remembered: `priorities_for` given it back
         while nothing changed takes it as exactly those nodes, with no set built and no name looked up again."""
-        policy, _ = self._resolve(pod)
-        memo = self._memo.get(self._memo_key((_shape(pod), policy.name, policy.epoch, self.state.config), pod, policy))
+        policy, _, shape = self._resolved(pod)
+        memo = self._memo.get(self._memo_key((shape, policy.name, policy.epoch, self.state.config), pod, policy))
         if memo is not None and memo.version == self.state.version and memo.subset is not None:
             sub_names, sub, sub_passed = memo.subset
             if evaluation is sub and sub_names == names:  # the subset's own feasible list, already in order
@@ -995,11 +1036,24 @@ class Planner:
             memo.passed = (out, memo.version, len(out) == len(evaluation.feasible))
         return out
 
-    def filter_names(self, pod: PodInfo, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """/filter's answer over `names`, each of which has an inventory: the feasible names in order (remembered for
-        `priorities_for` as `passing` remembers them), the failed and the unresolvable ones with their reasons. What
-        `evaluate` then `passing` answer, without the subset's feasible and score dicts (/filter reads neither) and
-        with one lookup of each name: every name asked that is not feasible is failed or unresolvable."""
+    def filter_names(
+        self, pod: PodInfo, names: list[str], *, unknown: str | None = None
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """/filter's answer over `names`: the feasible names in order (remembered for `priorities_for` as `passing`
+        remembers them), the failed and the unresolvable ones with their reasons. What `evaluate` then `passing`
+        answer, without the subset's feasible and score dicts (/filter reads neither) and with one lookup of each name:
+        every name asked that is not feasible is failed or unresolvable. `unknown`: a name may have no inventory, and
+        fails with this reason, after the others (kept out of the planner's caches); None: each has one."""
+        if unknown is not None:
+            answer = self._filter_covered(pod, names)
+            if answer is not None:
+                return answer
+            nodes = self.state.nodes
+            known = list(filter(nodes.__contains__, names))
+            passed, failed, unresolvable = self.filter_names(pod, known)
+            if len(known) < len(names):  # a copy: the memoised evaluation's own dicts may have come back
+                failed = {**failed, **dict.fromkeys((n for n in names if n not in nodes), unknown)}
+            return passed, failed, unresolvable
         memo = self._memo_for(pod, names, known_names=True)[0]
         ev = memo.evaluation
         flags = list(map(ev.feasible.__contains__, names))
@@ -1011,6 +1065,58 @@ class Planner:
         if len(passed) == len(names):
             return passed, {}, {}
         rest = list(itertools.compress(names, map(operator.not_, flags)))
+        if not ev.unresolvable:
+            return passed, dict(zip(rest, map(ev.failed.__getitem__, rest), strict=True)), {}
+        return passed, _pick(ev.failed, rest), _pick(ev.unresolvable, rest)
+
+    def _filter_covered(
+        self, pod: PodInfo, names: list[str]
+    ) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
+        """`filter_names` over `names` that may lack an inventory, from a shape's evaluation that covers every node
+        (`_Memo.covers`) with one lookup of each name: a feasible node of an up-to-date evaluation has an inventory
+        and is fresh, so only the few others are looked up again (stale ones evaluated now, as `_freshen` would).
+        None (nothing done but the refresh): no such evaluation, or a name without an inventory (the caller's way)."""
+        _, memo, cache, policy, rank, fits, classes = self._prepared(pod)
+        if memo is None:
+            return None
+        nodes = self.state.nodes
+        if memo.covers != self.state.names_version:
+            if memo.cover_checked == self.state.names_version:
+                return None
+            # A node left (its name stays in the memo, stale or failed) or joined: once per change of the names.
+            memo.cover_checked = self.state.names_version
+            if len(memo.name_set) < len(nodes) or not memo.name_set.issuperset(nodes):
+                return None
+            memo.covers = self.state.names_version
+        ev = memo.evaluation
+        feasible = ev.feasible
+        flags = list(map(feasible.__contains__, names))
+        at: list[int] = []
+        if False in flags:
+            at = list(itertools.compress(range(len(names)), map(operator.not_, flags)))
+            stale, failed, unresolvable = memo.stale, ev.failed, ev.unresolvable
+            due: set[str] = set()
+            for i in at:
+                name = names[i]
+                if name not in nodes:
+                    return None
+                if name in stale:
+                    due.add(name)
+                elif name not in failed and name not in unresolvable:  # not in the memo: it does not cover `nodes`
+                    return None
+            if due:
+                self._re_evaluate(memo, due, cache, pod, policy, rank, fits, classes)
+                for i in at:
+                    if names[i] in feasible:
+                        flags[i] = True
+        passed = list(itertools.compress(names, flags))
+        if names is memo.names or names == memo.names:  # every node: the memoised evaluation's own dicts
+            memo.passed = (passed, memo.version, len(passed) == len(feasible))
+            return passed, ev.failed, ev.unresolvable
+        memo.passed = (passed, memo.version, False)
+        if len(passed) == len(names):
+            return passed, {}, {}
+        rest = [names[i] for i in at if not flags[i]]
         if not ev.unresolvable:
             return passed, dict(zip(rest, map(ev.failed.__getitem__, rest), strict=True)), {}
         return passed, _pick(ev.failed, rest), _pick(ev.unresolvable, rest)
@@ -1077,8 +1183,8 @@ class Planner:
         """`evaluate_node`'s answer, taken from this pod shape's per-node cache while the node has not changed since it
         was evaluated there (the cache is per node version, policy and epoch, so it is the same decision). A failure is
         fitted again: its reason may name another pod's containers (`_own_names`), and /bind's refusal shows it."""
-        policy, _ = self._resolve(pod)
-        cache = self._cache.get((_shape(pod), policy.name, policy.epoch, self.state.config))
+        policy, _, shape = self._resolved(pod)
+        cache = self._cache.get((shape, policy.name, policy.epoch, self.state.config))
         node = self.state.nodes.get(node_name)
         hit = None if cache is None else cache.get(node_name)
         if node is not None and hit is not None and hit[0] == node.version and hit[1].failure is None:
@@ -1124,12 +1230,25 @@ class Planner:
         fits: ShapeMemo,
         classes: Classes | None,
     ) -> None:
-        """Re-evaluate the stale nodes among `names` and record them last, in name order (set order varies with
-        PYTHONHASHSEED; ties in best() follow dict order): a call over every name leaves the evaluation as it was
-        when each bind was refreshed in turn."""
+        """Re-evaluate the stale nodes among `names` (`_re_evaluate`)."""
         due = memo.stale if names is memo.names or names == memo.names else memo.stale.intersection(names)
-        if not due:
-            return
+        if due:
+            self._re_evaluate(memo, due, cache, pod, policy, rank, fits, classes)
+
+    def _re_evaluate(
+        self,
+        memo: _Memo,
+        due: set[str],
+        cache: dict[str, tuple[int, NodeResult]],
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
+        classes: Classes | None,
+    ) -> None:
+        """Re-evaluate the stale nodes `due` (some or all of `memo.stale`) and record them last, in name order (set
+        order varies with PYTHONHASHSEED; ties in best() follow dict order): a call over every name leaves the
+        evaluation as it was when each bind was refreshed in turn."""
         ev = memo.evaluation
         order = sorted(due)
         absent = self._absent(pod, policy, rank)
@@ -1139,7 +1258,7 @@ class Planner:
             for name in order:
                 if name in ev.scores:
                     memo.order.add(name)
-        memo.stale = set() if due is memo.stale else memo.stale - due
+        memo.stale = set() if due is memo.stale or len(due) == len(memo.stale) else memo.stale - due
         ev.priorities = None
         if ev.ranked is not None:
             ev.ranked.update(order, ev.scores)

@@ -319,3 +319,71 @@ def test_a_memo_made_over_a_window_grows_with_the_next_windows(seed: int, policy
             _change(state, p, rng, step, asked, new_nodes=step > 70)
     assert extended > 30
     assert covered > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ["default", "fgd", "binpack"])
+def test_filter_names_with_names_without_an_inventory(seed: int, policy: str) -> None:
+    """/filter's call with the request's own names (`filter_names(..., unknown=...)`: names without an inventory among
+    them, told apart as each name is looked up once while the shape's memo covers every node) against the way before
+    it, on a second planner over the same state: the names with an inventory first, then those without appended as
+    failed. The same NodeNames, FailedNodes in the same order and unresolvable nodes, and the same priorities over
+    the answer, through stale nodes asked, names asked twice, names never known, nodes that left (asked while stale,
+    and after), nodes joining, binds, releases and relearns; and both ways answer many calls."""
+    state = _cluster(seed, policy, nodes=40)
+    p, ref = Planner(state), Planner(state)
+    rng = random.Random(seed)
+    pods = [make_info(f"s{i}", **kw) for i, kw in enumerate(SHAPES)]  # type: ignore[arg-type]
+    for pod in pods:
+        p.evaluate(pod)
+        ref.evaluate(pod)
+    covered = Planner._filter_covered
+    fast = 0
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        nonlocal fast
+        out = covered(p, *a, **k)
+        fast += out is not None
+        return out
+
+    p._filter_covered = counted  # type: ignore[method-assign]
+    gone: list[str] = []
+    start = 0
+    for step in range(90):
+        pod = rng.choice(pods)
+        if step in (30, 31):
+            p.observe(pod)  # a relearn: a new epoch, a new memo over the names of the next call
+            ref.observe(pod)
+        names = sorted(state.nodes)
+        size = rng.choice([5, 9, 14, len(names)])
+        asked = [names[(start + k) % len(names)] for k in range(size)]
+        start = (start + size) % len(names)
+        if step % 7 == 3:
+            asked += asked[:2]  # a name asked twice
+        if step % 5 == 1:
+            asked.insert(rng.randrange(len(asked) + 1), f"ghost-{step % 3}")  # never a node
+        if gone and step % 4 == 2:
+            asked.insert(rng.randrange(len(asked) + 1), rng.choice(gone))  # a node that left
+        if step % 11 == 6:
+            leaving = rng.choice(names)  # leaves now, asked while each memo still holds it (stale)
+            state.remove_node(leaving)
+            gone.append(leaving)
+            asked.append(leaving)
+        if rng.random() < 0.3:
+            asked = [x for x in asked for _ in range(2)] if step % 2 else asked[::-1]
+        got = p.filter_names(pod, list(asked), unknown="no inventory")
+        known = [x for x in asked if x in state.nodes]
+        want_passed, want_failed, want_unresolvable = ref.filter_names(pod, known)
+        if len(known) < len(asked):
+            want_failed = {**want_failed, **dict.fromkeys((x for x in asked if x not in state.nodes), "no inventory")}
+        assert got[0] == want_passed
+        assert list(got[1].items()) == list(want_failed.items())
+        assert got[2] == want_unresolvable
+        if step % 4 == 1 and got[0]:  # a bind between /filter and /prioritize
+            _change(state, p, rng, step, got[0][:1])
+        assert p.priorities_for(pod, got[0]) == ref.priorities_for(pod, want_passed)
+        assert got[0] == [x for x in asked if x in _oracle(p, pod, known).feasible] or step % 4 == 1
+        _check_order(p)
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            _change(state, p, rng, step, asked, new_nodes=step > 60)
+    assert 25 < fast < 90  # both ways taken
