@@ -20,7 +20,10 @@ Alternating the arms wave by wave spreads the noise of a shared machine over bot
 (bound pods over first create to last bind), creation-to-bound p50/p99 (from the client's create call to the pod's
 spec.nodeName arriving on a watch), CPU per pod of the extender, kube-scheduler, kube-apiserver and etcd (from
 /proc/<pid>/stat), the extender's RSS, and the apiserver requests each client made per pod (from the apiserver's
-audit log, written for the users vgpu-extender and system:kube-scheduler only). After each extender wave the
+audit log, written for the users vgpu-extender and system:kube-scheduler only), each of their writes' time at the
+apiserver (p50/p90/p99 from the same log: the extender's Binding beside kube-scheduler's events of the same arm), the
+apiserver's own means (its /metrics: APF's queue wait by flow schema, the handler after APF, etcd), and the
+machine's busy CPU a pod, with what processes outside the benchmark took of it. After each extender wave the
 apiserver's annotations are checked: no GPU over its memory, cores or sharers (over-commit), and no unbound pod left
 in bind phase ``allocating`` past the bind grace (stale reservation).
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import datetime
 import json
 import os
 import platform
@@ -88,6 +92,9 @@ ARM_FIELDS = (
     "extender_gc_ms_per_pod",
     "watch_events_per_pod",
     "requests_per_pod",
+    "apiserver_write_ms",
+    "apiserver_mean_ms",
+    "machine_cpu_ms_per_pod",
     "extender_verb_calls",
     "extender_ms_per_pod",
     "failed_scheduling",
@@ -138,6 +145,9 @@ class Wave:
     connections: int = 0  # kube-scheduler's connections to the extender seen during the wave
     watch_events: collections.Counter[str] = field(default_factory=collections.Counter)  # the wave's pod events
     requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
+    write_ms: dict[str, list[float]] = field(default_factory=dict)  # each write's time at the apiserver (audit)
+    apiserver: collections.Counter[str] = field(default_factory=collections.Counter)  # apiserver_timings' delta
+    machine_s: dict[str, float] = field(default_factory=dict)  # the machine's busy CPU: all, load generator, others
     verbs: collections.Counter[str] = field(default_factory=collections.Counter)
     failed: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -262,6 +272,24 @@ class BindWatch:
         self.stop.set()
 
 
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+
+
+@dataclass
+class AuditTake:
+    """What the audit log held since the last take: requests per user and `verb resource[/sub]`, and each write's
+    time at the apiserver in ms (requestReceivedTimestamp to the ResponseComplete stage's stageTimestamp: APF's
+    queue, admission, storage; not the client's network or TLS) per `user verb resource[/sub]`."""
+
+    requests: dict[str, collections.Counter[str]]
+    write_ms: dict[str, list[float]]
+
+
+def _audit_time(stamp: str) -> float:
+    """An audit timestamp (RFC 3339, microseconds, Z) as epoch seconds."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 class Audit:
     """Reads the apiserver's audit log from where it last stopped: requests per user and `verb resource[/sub]`."""
 
@@ -269,14 +297,15 @@ class Audit:
         self.path = path
         self.offset = 0
 
-    def take(self) -> dict[str, collections.Counter[str]]:
+    def take(self) -> AuditTake:
         seen: set[str] = set()
         out: dict[str, collections.Counter[str]] = {
             EXTENDER_USER: collections.Counter(),
             SCHEDULER_USER: collections.Counter(),
         }
+        write_ms: dict[str, list[float]] = collections.defaultdict(list)
         if not self.path.exists():
-            return out
+            return AuditTake(out, {})
         with self.path.open("rb") as f:
             f.seek(self.offset)
             data = f.read()
@@ -293,7 +322,57 @@ class Audit:
             if ref.get("subresource"):
                 what += "/" + ref["subresource"]
             out[user][f"{ev['verb']} {what}"] += 1
-        return out
+            if ev["verb"] in WRITE_VERBS and ev.get("stage") == "ResponseComplete":
+                took = _audit_time(ev["stageTimestamp"]) - _audit_time(ev["requestReceivedTimestamp"])
+                write_ms[f"{user} {ev['verb']} {what}"].append(took * 1000)
+        return AuditTake(out, dict(write_ms))
+
+
+# The apiserver's own timings of a wave's writes, from its /metrics (k8s.io/apiserver v0.34.4: APF's
+# apiserver_flowcontrol_request_wait_duration_seconds by flow_schema, the handler's apiserver_request_duration_seconds
+# after APF, the storage's etcd_request_duration_seconds): (family, labels it must carry, name in the report).
+APISERVER_TIMINGS = (
+    ("apiserver_flowcontrol_request_wait_duration_seconds", ('execute="true"',), "apf wait {flow_schema}"),
+    ("apiserver_request_duration_seconds", ('verb="POST"', 'resource="pods"', 'subresource=""'), "handler POST pods"),
+    (
+        "apiserver_request_duration_seconds",
+        ('verb="POST"', 'resource="pods"', 'subresource="binding"'),
+        "handler POST pods/binding",
+    ),
+    ("apiserver_request_duration_seconds", ('verb="POST"', 'resource="events"'), "handler POST events"),
+    ("etcd_request_duration_seconds", ('resource="pods"',), "etcd {operation} pods"),
+)
+
+
+def apiserver_timings(cp: ControlPlane) -> collections.Counter[str]:
+    """parse_timings of the apiserver's /metrics as the cluster admin reads it (seconds, requests)."""
+    ac = cp.api_client()
+    resp = ac.rest_client.pool_manager.request("GET", ac.configuration.host + "/metrics", timeout=60)
+    if resp.status != 200:
+        raise RuntimeError(f"the apiserver's /metrics answered {resp.status}")
+    return parse_timings(resp.data.decode())
+
+
+def parse_timings(text: str) -> collections.Counter[str]:
+    """`sum NAME` and `count NAME` per APISERVER_TIMINGS name in a Prometheus text exposition (series of one name
+    added up, e.g. a handler's over its scopes)."""
+    out: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        for family, must, name in APISERVER_TIMINGS:
+            for kind in ("sum", "count"):
+                prefix = f"{family}_{kind}{{"
+                if line.startswith(prefix) and all(m in line for m in must):
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line[len(prefix) - 1 : line.rindex("}") + 1]))
+                    out[f"{kind} {name.format(**labels)}"] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, every core (proc(5), /proc/stat's first line: idle and
+    iowait are not busy)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
 
 
 def extender_verbs(ext: Extender) -> collections.Counter[str]:
@@ -460,6 +539,8 @@ def run_wave(
     sampler = ConnectionSampler(ext.port)
     verbs0 = extender_verbs(ext)
     audit.take()
+    timings0 = apiserver_timings(cp)
+    machine0, own0 = machine_cpu()[0], cpu_seconds(os.getpid())
     bodies = [
         (f"{wave_name}-{n}", pod_body(f"{wave_name}-{n}", labels, limits if arm != "baseline" else None, wave_name))
         for n, labels, limits in shapes(cfg)
@@ -515,10 +596,17 @@ def run_wave(
             raise TimeoutError(f"the extender still holds slices of wave {wave_name} 120 s after its deletion")
         time.sleep(0.5)
     w.cpu_s = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
+    busy, own = machine_cpu()[0] - machine0, cpu_seconds(os.getpid()) - own0
+    # "others": every process on the machine but the four measured and this one (its load generator and pod watch):
+    # other work sharing the cores, which stretches every request of the wave.
+    w.machine_s = {"busy": busy, "load generator": own, "others": max(0.0, busy - own - sum(w.cpu_s.values()))}
+    w.apiserver = apiserver_timings(cp)
+    w.apiserver.subtract(timings0)
     w.threads_s = threads_delta(threads0, thread_cpu(pids["extender"]))
     w.watch_events = collections.Counter(watch.kinds)
     w.watch_events.subtract(kinds0)
-    w.requests = audit.take()
+    taken = audit.take()
+    w.requests, w.write_ms = taken.requests, taken.write_ms
     return w, over, stale
 
 
@@ -546,6 +634,9 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     kinds: collections.Counter[str] = collections.Counter()
     verbs: collections.Counter[str] = collections.Counter()
     reqs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    write_ms: dict[str, list[float]] = collections.defaultdict(list)
+    apiserver: collections.Counter[str] = collections.Counter()
+    machine: collections.Counter[str] = collections.Counter()
     failed: collections.Counter[str] = sum((w.failed for w in waves), collections.Counter())
     for w in waves:
         cpu.update(w.cpu_s)
@@ -554,6 +645,10 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
         verbs.update(w.verbs)
         for user, c in w.requests.items():
             reqs[user].update(c)
+        for what, ms in w.write_ms.items():
+            write_ms[what] += ms
+        apiserver.update(w.apiserver)
+        machine.update(w.machine_s)
     return {
         "pods": pods,
         "bound": bound,
@@ -578,6 +673,28 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
             }
             for user, c in sorted(reqs.items())
         },
+        # Each client's writes at the apiserver (audit log: received to response complete), ms: every writer's
+        # requests in the same arm, so one client's slow calls tell apart from an apiserver slow for all.
+        "apiserver_write_ms": {
+            what: {
+                "n": len(ms),
+                "p50": round(percentile(ms, 0.50), 1),
+                "p90": round(percentile(ms, 0.90), 1),
+                "p99": round(percentile(ms, 0.99), 1),
+            }
+            for what, ms in sorted(write_ms.items())
+            if len(ms) >= 10
+        },
+        # The apiserver's own mean ms per request of the arm (its /metrics): APF's queue wait by flow schema, the
+        # handler after APF by request, etcd by operation (all its clients: the load generator's creates too).
+        "apiserver_mean_ms": {
+            name[4:]: round(apiserver[name] * 1000 / apiserver["count " + name[4:]], 1)
+            for name in sorted(apiserver)
+            if name.startswith("sum ") and apiserver["count " + name[4:]] >= 10
+        },
+        # The machine's CPU a bound pod: all of it busy, the benchmark's own process, and others (neither it nor
+        # the four processes above): a shared machine shows here.
+        "machine_cpu_ms_per_pod": {k: round(v * 1000 / max(bound, 1), 2) for k, v in sorted(machine.items())},
         "extender_verb_calls": int(sum(verbs[f"count {v}"] for v in ("filter", "prioritize", "bind"))),
         # Inside the extender, per bound pod: every call a pod needed (retries too), by verb.
         "extender_ms_per_pod": {
@@ -711,6 +828,12 @@ def print_report(r: dict[str, Any]) -> None:
         )
         for user, reqs in a["requests_per_pod"].items():
             print(f"apiserver requests per bound pod ({arm}, {user}): {json.dumps(reqs)}")
+        for what, q in a["apiserver_write_ms"].items():
+            print(
+                f"apiserver time of writes ({arm}, {what}): n {q['n']}, p50 {q['p50']}, p90 {q['p90']}, p99 {q['p99']} ms"
+            )
+        print(f"apiserver mean ms per request ({arm}): {json.dumps(a['apiserver_mean_ms'])}")
+        print(f"machine CPU ms per bound pod ({arm}): {json.dumps(a['machine_cpu_ms_per_pod'])}")
         print(
             f"extender verb calls ({arm}): {a['extender_verb_calls']}; ms inside it per bound pod: {a['extender_ms_per_pod']}"
         )
