@@ -21,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
+from scheduler_extender import assignment_memo
 from scheduler_extender.deadline import remaining
 from scheduler_extender.gcpause import paused_gc
 from scheduler_extender.leader import Conflict, LeaseRecord
@@ -253,7 +254,8 @@ class KubeBinder:
         annotations = None
         if assignment is not None:
             annotations = {
-                ann.POD_ASSIGNMENT: ann.encode_assignment(assignment),
+                # remembered: the pod watch's event of this Binding then finds the text decoded
+                ann.POD_ASSIGNMENT: assignment_memo.encode(assignment),
                 ann.POD_BIND_PHASE: ann.BindPhase.ALLOCATING.value,
                 ann.POD_BIND_TIME: f"{self.clock():.3f}",
             }

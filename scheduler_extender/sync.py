@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from scheduler_extender import assignment_memo
 from vgpu import annotations as ann
 from vgpu import cordon, kubelet_topology
 from vgpu.claims import Claim, order_key, settle
@@ -115,7 +116,7 @@ class StateSync:
             return  # not ours yet; an in-flight bind's reservation lives only in the state
         try:
             bind_phase = ann.decode_bind_phase(annotations.get(ann.POD_BIND_PHASE, ann.BindPhase.ALLOCATING.value))
-            assignment = ann.decode_assignment(raw)
+            assignment = assignment_memo.decode(raw)  # once per text: every MODIFIED event carries it
         except CodecError as exc:
             self._problem("assignment", f"pod {key}: {exc}")
             log.warning("ignoring pod assignment", extra={"pod": key, "error": str(exc)})
