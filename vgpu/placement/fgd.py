@@ -11,7 +11,7 @@ import math
 from collections import Counter
 
 from vgpu.fit import GpuRank, NodePlacement, StateRank
-from vgpu.placement.frag import FragModel, TaskShape, shape_of, target_workload
+from vgpu.placement.frag import FragModel, Growths, TaskShape, shape_of, target_workload
 from vgpu.placement.gpushare import MILLI, frees_after, host_after, host_free, node_frees, rank_best_fit, slice_milli
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
@@ -126,7 +126,7 @@ class _FragRank(StateRank):
     """`Fgd.node_gpu_rank`'s order on one node: the fragmentation growth after one slice on the GPU (its free share
     and the slice's size decide, so GPUs in equal states rank alike). `host`: free (cpu, memory) now, then after."""
 
-    __slots__ = ("frees", "growth", "host", "model", "node", "pos", "seen", "sig", "steps")
+    __slots__ = ("frees", "growth", "host", "model", "node", "pos", "seen", "sig", "steps", "table")
 
     def __init__(
         self, node: NodeState, model: FragModel, frees: tuple[int, ...], host: tuple[int, int, int, int]
@@ -137,16 +137,23 @@ class _FragRank(StateRank):
         self.pos = node.positions
         self.seen: dict[tuple[int, int], float] = {}  # GPUs with the same free share rank the same
         self.growth: dict[tuple[int, int], float] = {}  # the exact growth behind each rank (`delta` reuses it)
+        self.table: Growths | None = None  # the model's growths for this node's signature and host, on first use
 
     def __call__(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
         d = u.device
         take = min(MILLI, max(-(-memory_mib * MILLI // d.memory_mib), cores * MILLI // d.cores))  # slice_milli
-        free = self.frees[self.pos[d.uuid]]
-        hit = self.seen.get((free, take))
+        key = (self.frees[self.pos[d.uuid]], take)
+        hit = self.seen.get(key)
         if hit is not None:
             return hit
-        grown = self.growth[(free, take)] = self.model.growth(self.node, self.sig, free, take, self.host)
-        out = self.seen[(free, take)] = -quantized(grown) if self.steps else grown
+        table = self.table
+        if table is None:
+            table = self.table = self.model.growths(self.node, self.sig, self.host)
+        grown = table.by.get(key)
+        if grown is None:
+            grown = table.grow(self.node, key[0], take)
+        self.growth[key] = grown
+        out = self.seen[key] = -quantized(grown) if self.steps else grown
         return out
 
 

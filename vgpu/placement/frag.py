@@ -20,6 +20,10 @@ from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
 _MEMO_LIMIT = 200_000
+_TABLES_LIMIT = 50_000  # `FragModel.growths` tables (each at most `_TABLE_LIMIT` entries)
+_TABLE_LIMIT = 256
+_PLANS_LIMIT = 4_096  # host rooms met (tracked hosts: one per distinct (cpu, memory) free)
+_NEVER = 1 << 62  # `FragModel._plan`'s milli for a task that cannot run on the node: above every GPU's free share
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,8 @@ class FragModel:
         self.workload = list(workload)
         self._tasks: dict[int, list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
         self._memo: dict[tuple[object, ...], float] = {}
-        self._growth: dict[tuple[object, ...], float] = {}
+        self._growth: dict[tuple[object, ...], Growths] = {}
+        self._plans: dict[tuple[object, ...], list[tuple[float, int, int]]] = {}
 
     def _tasks_on(self, u: GpuUsage) -> list[tuple[float, int, int, int, int, frozenset[str] | None]]:
         key = u.device.memory_mib
@@ -107,55 +112,111 @@ class FragModel:
         self, node: NodeState, sig: tuple[int, ...], free: int, take: int, host: tuple[int, int, int, int]
     ) -> float:
         """`frag` once one GPU with `free` milli (one of `sig`, the node's sorted frees) gives `take` and the host goes
-        from (cpu, memory) `host[:2]` to `host[2:]`, less `frag` now. Kept per (node signature, free, take, host):
+        from (cpu, memory) `host[:2]` to `host[2:]`, less `frag` now. Kept per (node signature, host, free, take):
         nodes in the same state share it. The same arithmetic as two `frag` calls, so the same float."""
-        key = (sig, free, take, host, node.gpus[0].device.model, node.gpus[0].device.memory_mib)
-        hit = self._growth.get(key)
-        if hit is None:
-            after = list(sig)
-            after[sig.index(free)] = max(0, free - take)
-            hit = self.frag_sorted(node, tuple(sorted(after)), host[2], host[3]) - self.frag_sorted(
-                node, sig, host[0], host[1]
-            )
-            if len(self._growth) > _MEMO_LIMIT:
+        return self.growths(node, sig, host).of(node, free, take)
+
+    def growths(self, node: NodeState, sig: tuple[int, ...], host: tuple[int, int, int, int]) -> Growths:
+        """`growth` for every (free, take) on nodes of this signature, host room, GPU model and card size: one lookup
+        of the node's key, then one of (free, take) per GPU state ranked (`vgpu.placement.fgd`'s GPU order)."""
+        g0 = node.gpus[0].device
+        key = (sig, host, g0.model, g0.memory_mib)
+        table = self._growth.get(key)
+        if table is None:
+            if len(self._growth) > _TABLES_LIMIT:
                 self._growth.clear()
-            self._growth[key] = hit
-        return hit
+            table = self._growth[key] = Growths(self, sig, host)
+        return table
 
     def frag_sorted(self, node: NodeState, sig: tuple[int, ...], cpu_free: int, mem_free: int) -> float:
         """`frag` for a node with GPUs, its frees given sorted."""
-        model = node.gpus[0].device.model
-        key = (cpu_free, mem_free, model, node.gpus[0].device.memory_mib, sig)
+        g0 = node.gpus[0].device
+        key = (cpu_free, mem_free, g0.model, g0.memory_mib, sig)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        out = 0.0
         # `sig` is sorted: the GPUs with less than `milli` free are a prefix, and their frees' sum a prefix sum (ints,
         # so the same number as summing them one by one).
-        below = list(itertools.accumulate(sig, initial=0))
-        idle = below[-1]
-        out = 0.0
+        idle = sum(sig)
         if idle:
+            below = list(itertools.accumulate(sig, initial=0))
             full = len(sig) - bisect.bisect_left(sig, MILLI)
             biggest = sig[-1]
-            for p, cpu, mem, count, milli, models in self._tasks_on(node.gpus[0]):
-                if (
-                    count == 0
-                    or cpu > cpu_free
-                    or mem > mem_free
-                    or (models is not None and model not in models)
-                    or (milli >= MILLI and full < count)
-                    or biggest < milli
-                ):
+            at, whole = bisect.bisect_left, MILLI
+            # The same products added in the same (workload) order as testing every condition of each task here:
+            # `_plan` folds in beforehand what depends only on the host room and the model (see there).
+            for p, milli, count in self._plan(node, cpu_free, mem_free):
+                if full < count or biggest < milli:
                     out += p * idle
-                elif milli >= MILLI:
-                    out += p * (idle - full * MILLI)
+                elif milli >= whole:
+                    out += p * (idle - full * whole)
                 else:
-                    out += p * below[bisect.bisect_left(sig, milli)]
+                    out += p * below[at(sig, milli)]
         if len(self._memo) > _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = out
         return out
 
+    def _plan(self, node: NodeState, cpu_free: int, mem_free: int) -> list[tuple[float, int, int]]:
+        """Each workload task (in order) as `frag_sorted` tests it on a node of this GPU model and card size with this
+        host room: (weight, milli, count), where a task that cannot run there whatever the GPUs hold (no GPU, too
+        little host room, another model) has milli `_NEVER` (more than any GPU's free: all idle GPU is fragmented
+        for it) and a shared-slice task (milli < 1000) count 0 (only its milli decides). A whole-card task keeps both:
+        too few free whole cards (`full < count`) or none (`biggest < milli`). Kept per (model, size, host room)."""
+        g0 = node.gpus[0]
+        key = (g0.device.model, g0.device.memory_mib, cpu_free, mem_free)
+        plan = self._plans.get(key)
+        if plan is None:
+            model = g0.device.model
+            plan = []
+            for p, cpu, mem, count, milli, models in self._tasks_on(g0):
+                if count == 0 or cpu > cpu_free or mem > mem_free or (models is not None and model not in models):
+                    plan.append((p, _NEVER, 0))
+                elif milli >= MILLI:
+                    plan.append((p, milli, count))
+                else:
+                    plan.append((p, milli, 0))
+            if len(self._plans) > _PLANS_LIMIT:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
     def node_frag(self, node: NodeState) -> float:
         cpu, mem = host_free(node)
         return self.frag(node, node_frees(node), cpu, mem)
+
+
+class Growths:
+    """`FragModel.growth` on nodes of one signature, host room, GPU model and card size, by (free, take), with the
+    nodes' own fragmentation worked out once (`before`). `node`: any node of those (the model reads its first GPU's
+    model and size, which the table's key holds)."""
+
+    __slots__ = ("before", "by", "host", "model", "sig")
+
+    def __init__(self, model: FragModel, sig: tuple[int, ...], host: tuple[int, int, int, int]) -> None:
+        self.model, self.sig, self.host = model, sig, host
+        self.before: float | None = None
+        self.by: dict[tuple[int, int], float] = {}
+
+    def of(self, node: NodeState, free: int, take: int) -> float:
+        hit = self.by.get((free, take))
+        if hit is None:
+            hit = self.grow(node, free, take)
+        return hit
+
+    def grow(self, node: NodeState, free: int, take: int) -> float:
+        """`frag` after less `frag` before: the two `frag_sorted` calls `growth` always made, so the same float."""
+        sig, host, model = self.sig, self.host, self.model
+        after = list(sig)
+        after[sig.index(free)] = max(0, free - take)
+        after.sort()
+        before = self.before
+        if before is None:
+            before = self.before = model.frag_sorted(node, sig, host[0], host[1])
+        hit = model.frag_sorted(node, tuple(after), host[2], host[3]) - before
+        by = self.by
+        if len(by) >= _TABLE_LIMIT:
+            by.clear()
+        by[(free, take)] = hit
+        return hit

@@ -5,13 +5,7 @@ from __future__ import annotations
 from vgpu.config import RoleRules
 from vgpu.fit import NodePlacement, counterpart
 from vgpu.pod import PodInfo
-from vgpu.roles import Role
 from vgpu.state import GpuUsage, NodeState
-
-
-def _is(role: Role, kind: Role) -> bool:
-    """Whether `role` does the work of `kind` (encode-prefill counts as prefill)."""
-    return role.does_prefill if kind.does_prefill else role.does_decode
 
 
 def role_score(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: RoleRules) -> float:
@@ -37,26 +31,41 @@ def role_parts(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
     """`role_score` as (complementarity and locality, headroom or None when it is off): `role_score` is their sum,
     the same float. The first part depends only on the chosen GPUs' states and the node's (role, model) pairs, the
     headroom on every GPU of the node in index order (vgpu.planner reuses the first across a node class)."""
-    other = counterpart(pod.role)
+    role = pod.role
+    other = counterpart(role)
     if other is None:
         return 0.0, None
-    slices = [d for c in placement.containers for d in c.devices]
+    model = pod.model
     score = 0.0
-    if slices:
-        complement = pair = 0
-        prefill = pod.role.does_prefill
-        for d in slices:
-            u = node.by_uuid[d.uuid]
+    # Plain loops over the chosen slices and the node's (role, model) pairs, each role property asked once: the same
+    # counts and the same float operations, in the same order, as one comprehension and `any` per test.
+    by_uuid = node.by_uuid
+    prefill = role.does_prefill
+    want_prefill = other.does_prefill  # `_is(h.role, other)`
+    slices = complement = pair = 0
+    for c in placement.containers:
+        for d in c.devices:
+            slices += 1
+            u = by_uuid[d.uuid]
             if prefill and u.prefill > 0:  # `prefill` counts the holders that do prefill
                 pair += 1
-            if u.holders and any(_is(h.role, other) and h.model == pod.model for h in u.holders):
-                complement += 1
-        score += rules.complementarity_weight * complement / len(slices)
-        score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / len(slices)
-    if pod.model is not None:
-        here = [role for (role, model), n in node.role_models.items() if model == pod.model and n > 0]
-        has_other = any(_is(role, other) for role in here)
-        if has_other and not (pod.role.does_decode and any(role.does_decode for role in here)):
+            for h in u.holders:
+                if h.model == model and (h.role.does_prefill if want_prefill else h.role.does_decode):
+                    complement += 1
+                    break
+    if slices:
+        score += rules.complementarity_weight * complement / slices
+        score -= rules.complementarity_weight * rules.prefill_pair_penalty * pair / slices
+    if model is not None:
+        here = has_other = has_decode = False
+        for (held, held_model), n in node.role_models.items():
+            if held_model == model and n > 0:
+                here = True
+                if held.does_prefill if want_prefill else held.does_decode:
+                    has_other = True
+                if held.does_decode:
+                    has_decode = True
+        if has_other and not (role.does_decode and has_decode):
             score += rules.locality_weight
         elif here and not has_other:
             score += rules.pool_weight
@@ -83,11 +92,21 @@ def _terms(node: NodeState) -> tuple[float, ...]:
     return memo[1]
 
 
+# `free_after`'s last answer: (node, its version, placement, free GPU-equivalents). The planner asks it twice for the
+# first node of a class (the role score's headroom, then whether the class's headroom is at its cap). Holding the
+# placement keeps its identity from being reused; one tuple, replaced whole, so a reader in another thread sees either.
+_LAST_FREE: tuple[NodeState, int, NodePlacement, float] | None = None
+
+
 def free_after(node: NodeState, placement: NodePlacement) -> float:
     """GPU-equivalents (the larger of memory and SM share, per GPU) left free on the node after `placement`.
 
     Each GPU's term is kept per node version and only the placement's GPUs are worked out again; the sum runs
     over the same terms in the same order as `used_after` gives them, so the float is the same."""
+    global _LAST_FREE
+    last = _LAST_FREE
+    if last is not None and last[2] is placement and last[0] is node and last[1] == node.version:
+        return last[3]
     terms = _terms(node)
     added: dict[str, tuple[int, int]] = {}
     for c in placement.containers:
@@ -95,11 +114,14 @@ def free_after(node: NodeState, placement: NodePlacement) -> float:
             m, k = added.get(d.uuid, (0, 0))
             added[d.uuid] = (m + d.memory_mib, k + d.cores)
     if not added:
-        return sum(terms)
-    out = list(terms)
-    pos = node.positions
-    for uuid, (m, k) in added.items():
-        u = node.by_uuid[uuid]
-        dev = u.device
-        out[pos[uuid]] = max(0.0, 1.0 - max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
-    return sum(out)
+        out_sum = sum(terms)
+    else:
+        out = list(terms)
+        pos = node.positions
+        for uuid, (m, k) in added.items():
+            u = node.by_uuid[uuid]
+            dev = u.device
+            out[pos[uuid]] = max(0.0, 1.0 - max((u.memory_used + m) / dev.memory_mib, (u.cores_used + k) / dev.cores))
+        out_sum = sum(out)
+    _LAST_FREE = (node, node.version, placement, out_sum)
+    return out_sum
