@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple, TypeVar
 
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, role_rank
@@ -496,6 +497,9 @@ class Planner:
         # /prioritize, hold and /bind ask about the same PodInfo object several times.
         self._last_pod: tuple[PodInfo, NodePolicy, GpuRank, tuple[object, ...]] | None = None
         self._last_absent: tuple[PodInfo, PodInfo, tuple[object, ...]] | None = None
+        # `_config_id`: a number for each placement config met, the last one's kept by identity.
+        self._config_ids: dict[PlacementConfig, int] = {}
+        self._config_last: tuple[PlacementConfig, int] | None = None
         self.policy(self.config.node_policy)  # fail fast on a bad cluster default
 
     def policy(self, name: str) -> NodePolicy:
@@ -518,6 +522,17 @@ class Planner:
         if gpu_name not in _GPU_RANKS:  # only a bad cluster default gets here: the pod's own was checked above
             raise UnknownPolicyError(f"unknown GPU policy {gpu_name!r}; allowed: {', '.join(sorted(_GPU_RANKS))}")
         return node_policy, _GPU_RANKS[gpu_name]
+
+    def _config_id(self) -> int:
+        """`state.config` in the caches' keys, as a number: equal configs get the same one, as the config itself in a
+        key did, but a frozen dataclass of a dozen fields is hashed at each lookup (~3.5 us; ~20 lookups a pod)."""
+        config = self.state.config
+        last = self._config_last
+        if last is not None and last[0] is config:
+            return last[1]
+        n = self._config_ids.setdefault(config, len(self._config_ids))  # kept: never a number for another config
+        self._config_last = (config, n)
+        return n
 
     def _resolved(self, pod: PodInfo) -> tuple[NodePolicy, GpuRank, tuple[object, ...]]:
         """`_resolve(pod)` and `_shape(pod)`, kept for the last pod object asked (a PodInfo is immutable, the planner's
@@ -560,7 +575,7 @@ class Planner:
 
     def _shape_memo(self, pod: PodInfo, shape: tuple[object, ...] | None = None) -> ShapeMemo:
         """The shape's `ShapeMemo` (`shape`: `_shape(pod)`, where the caller has it)."""
-        key = (_shape(pod) if shape is None else shape, self.state.config)
+        key = (_shape(pod) if shape is None else shape, self._config_id())
         memo = self._shapes.get(key)
         if memo is None:
             memo = self._shapes[key] = ShapeMemo()
@@ -916,7 +931,7 @@ class Planner:
         """The pod's memoised evaluation's key, the evaluation brought up to date by `_refresh` (None: there is none, or
         too much changed), the shape's per-node cache, policy, GPU order, shape memo and node classes."""
         policy, rank, shape = self._resolved(pod)
-        key: tuple[object, ...] = (shape, policy.name, policy.epoch, self.state.config)
+        key: tuple[object, ...] = (shape, policy.name, policy.epoch, self._config_id())
         memo_key = self._memo_key(key, pod, policy)
         cache = self._shape_cache(key)
         fits = self._shape_memo(pod, shape)
@@ -955,7 +970,7 @@ class Planner:
             stand_in = dataclasses.replace(pod, model=_ABSENT)
             shape = _shape(stand_in)
             self._last_absent = (pod, stand_in, shape)
-        key = (shape, policy.name, policy.epoch, self.state.config)
+        key = (shape, policy.name, policy.epoch, self._config_id())
         return _Absent(
             stand_in,
             self._shape_cache(key),
@@ -1022,7 +1037,7 @@ class Planner:
         this planner's own answer for the pod over `names`, the list is remembered: `priorities_for` given it back
         while nothing changed takes it as exactly those nodes, with no set built and no name looked up again."""
         policy, _, shape = self._resolved(pod)
-        memo = self._memo.get(self._memo_key((shape, policy.name, policy.epoch, self.state.config), pod, policy))
+        memo = self._memo.get(self._memo_key((shape, policy.name, policy.epoch, self._config_id()), pod, policy))
         if memo is not None and memo.version == self.state.version and memo.subset is not None:
             sub_names, sub, sub_passed = memo.subset
             if evaluation is sub and sub_names == names:  # the subset's own feasible list, already in order
@@ -1184,7 +1199,7 @@ class Planner:
         was evaluated there (the cache is per node version, policy and epoch, so it is the same decision). A failure is
         fitted again: its reason may name another pod's containers (`_own_names`), and /bind's refusal shows it."""
         policy, _, shape = self._resolved(pod)
-        cache = self._cache.get((shape, policy.name, policy.epoch, self.state.config))
+        cache = self._cache.get((shape, policy.name, policy.epoch, self._config_id()))
         node = self.state.nodes.get(node_name)
         hit = None if cache is None else cache.get(node_name)
         if node is not None and hit is not None and hit[0] == node.version and hit[1].failure is None:
