@@ -12,7 +12,7 @@ from collections import Counter
 
 from vgpu.fit import GpuRank, NodePlacement, StateRank
 from vgpu.placement.frag import FragModel, Growths, TaskShape, shape_of, target_workload
-from vgpu.placement.gpushare import MILLI, frees_after, host_after, host_free, node_frees, rank_best_fit, slice_milli
+from vgpu.placement.gpushare import MILLI, frees_after, host_after, host_free, node_frees, rank_best_fit
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -97,14 +97,20 @@ class Fgd:
             if not containers:
                 return None
             cpu, mem = host_after(node, pod)
-            before = model.frag_sorted(node, rank.sig, rank.host[0], rank.host[1])
+            table = rank.table  # the node's own fragmentation, where the GPU order worked it out
+            before = None if table is None else table.before
+            if before is None:
+                before = model.frag_sorted(node, rank.sig, rank.host[0], rank.host[1])
             return model.frag(node, frees_after(node, placement), cpu, mem) - before
         inv = node.inventory
         if (pod.cpu_milli and not inv.cpu_milli) or (pod.memory_mib and not inv.memory_mib):
             return None
         d = containers[0].devices[0]
-        u = node.by_uuid[d.uuid]
-        return rank.growth.get((rank.frees[node.positions[d.uuid]], slice_milli(d.memory_mib, d.cores, u)))
+        card = node.by_uuid[d.uuid].device
+        take = min(
+            MILLI, max(-(-d.memory_mib * MILLI // card.memory_mib), d.cores * MILLI // card.cores)
+        )  # slice_milli
+        return rank.growth.get((rank.frees[rank.pos[d.uuid]], take))
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         return quantized(self.delta(node, placement, pod), self.scale) / 100

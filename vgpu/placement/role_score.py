@@ -108,8 +108,20 @@ def free_after(node: NodeState, placement: NodePlacement) -> float:
     if last is not None and last[2] is placement and last[0] is node and last[1] == node.version:
         return last[3]
     terms = _terms(node)
+    containers = placement.containers
+    if len(containers) == 1 and len(containers[0].devices) == 1:  # one slice (most pods): no totals per GPU to add up
+        d = containers[0].devices[0]
+        u = node.by_uuid[d.uuid]
+        dev = u.device
+        out = list(terms)
+        out[node.positions[d.uuid]] = max(
+            0.0, 1.0 - max((u.memory_used + d.memory_mib) / dev.memory_mib, (u.cores_used + d.cores) / dev.cores)
+        )
+        out_sum = sum(out)
+        _LAST_FREE = (node, node.version, placement, out_sum)
+        return out_sum
     added: dict[str, tuple[int, int]] = {}
-    for c in placement.containers:
+    for c in containers:
         for d in c.devices:
             m, k = added.get(d.uuid, (0, 0))
             added[d.uuid] = (m + d.memory_mib, k + d.cores)
