@@ -105,7 +105,7 @@ class FragAware(Fgd):
         """The learned model; before any pod was observed, the pod's own shape (a caller that never calls
         `observe` still gets fragmentation-aware placement, against the pod being placed)."""
         if self._workload:
-            return self._model
+            return self.model
         if self._cold_for is not None and self._cold_for[0] is pod:  # the planner asks per node for one pod
             return self._cold_for[1]
         shape = shape_of(pod, with_memory=self.with_memory)
