@@ -19,6 +19,11 @@ whole cards, a two-container prefill), `all` both; `--each` prints every shape's
 `--digest` prints a hash of every evaluation (each node's placement, score, failure reason and the priorities), to
 compare two versions of the code on the same clusters: the decisions must be byte-identical.
 
+`--where` says where each shape's pass goes: the nodes it evaluates in full (`fit_node` and the scores: the first node
+of each node class, and of each split of a class whose GPU states tie), replayed alone in the same order on a fresh
+planner that learnt the same (so the same memos fill), against the whole pass; and how many classes, split classes
+and split answers the pass made. The rest of a pass is every other node taking its class's answer, and the rank mapping.
+
 `--rescorings` replays `extender_latency.py`'s phases instead, in-process through the extender's own service as its
 process builds it (the file source, the heap frozen after the load, `gcpause.settle` after each pass), without HTTP:
 no-GPU cycles, the 12 templates' first pods, then `--learn` learning pods, each a /filter + /prioritize over every
@@ -26,6 +31,7 @@ node. It prints the CPU of each new shape and of each learning re-scoring (a cyc
 p50 / p99 / max, and the full (gen-2) garbage collections that fell into them, timed by `gc.callbacks`.
 
     python benchmarks/cold_shape.py [--nodes 5000] [--passes 3] [--digest] [--shapes single|multi|all] [--each]
+    python benchmarks/cold_shape.py --where [--cluster usual] [--shapes all]
     python benchmarks/cold_shape.py --rescorings [--nodes 5000] [--learn 100] [--passes 3]
 """
 
@@ -189,6 +195,70 @@ def run(state: ClusterState, passes: int, learn: int, policy: str, pods: list[Po
     return best, h.hexdigest()[:16]
 
 
+def where(state: ClusterState, passes: int, learn: int, policy: str, labels: list[str], pods: list[PodInfo]) -> None:
+    """Print, per shape, the pass's CPU, how much of it the full evaluations take (replayed alone) and the classes."""
+    import gc
+
+    import vgpu.planner as planner_module
+    from vgpu.fit import ShapeMemo, fit_node
+
+    fulls: dict[int, list[str]] = {}
+    splits: dict[int, tuple[int, int, int]] = {}
+
+    def recording(node: Any, *args: Any, **kwargs: Any) -> Any:
+        fulls[current[0]].append(node.name)
+        return fit_node(node, *args, **kwargs)
+
+    current = [0]
+    planner_module.fit_node = recording  # type: ignore[assignment]
+    try:
+        planner = learned_planner(state, learn, policy)
+        for i, pod in enumerate(pods):
+            current[0] = i
+            fulls[i] = []
+            known = {id(c) for c in planner._classes.values()}
+            planner.evaluate(pod)
+            # This shape's node classes: those the pass made (none where it shares another shape's evaluation).
+            made = [c for c in planner._classes.values() if id(c) not in known]
+            split = [s for c in made for s in c.values() if s.split is not None]
+            splits[i] = (sum(len(c) for c in made), len(split), sum(len(s.splits or {}) for s in split))
+    finally:
+        planner_module.fit_node = fit_node
+    whole = [float("inf")] * len(pods)
+    full = [float("inf")] * len(pods)
+    for _ in range(passes):
+        for replay in (False, True):
+            planner = learned_planner(state, learn, policy)
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            try:
+                for i, pod in enumerate(pods):
+                    t = time.process_time()
+                    if replay:  # the same nodes in the same order, with a shape memo and classes as the pass keeps
+                        node_policy, rank = planner._resolve(pod)
+                        memo: ShapeMemo = ShapeMemo()
+                        classes_of: dict[int, Any] = {}
+                        for name in fulls[i]:
+                            planner._evaluate(name, pod, node_policy, rank, memo, classes_of)
+                        full[i] = min(full[i], time.process_time() - t)
+                    else:
+                        planner.priorities(planner.evaluate(pod))
+                        whole[i] = min(whole[i], time.process_time() - t)
+            finally:
+                gc.enable()
+                gc.unfreeze()
+    print("  shape: pass CPU ms | full evaluations: how many, CPU ms, us each | classes, split classes, split answers")
+    for i, label in enumerate(labels):
+        n = len(fulls[i])
+        c, sc, sa = splits[i]
+        print(
+            f"  {label:22} {whole[i] * 1000:7.1f} | {n:5d} {full[i] * 1000:7.1f} {full[i] * 1e6 / n if n else 0.0:6.1f}"
+            f" | {c:4d} {sc:4d} {sa:4d}",
+            flush=True,
+        )
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
@@ -265,6 +335,9 @@ def main() -> int:
     )
     ap.add_argument("--each", action="store_true", help="print each shape's CPU ms too")
     ap.add_argument("--rescorings", action="store_true", help="replay extender_latency's phases through the service")
+    ap.add_argument(
+        "--where", action="store_true", help="each pass's full evaluations (replayed alone) against the pass"
+    )
     args = ap.parse_args()
     if args.rescorings:
         learn = 100 if args.learn == 1100 else args.learn
@@ -285,6 +358,12 @@ def main() -> int:
         distinct = len({tuple(u.state_key for u in n.gpus) for n in state.nodes.values()})
         multisets = len({frozenset(Counter(u.state_key for u in n.gpus).items()) for n in state.nodes.values()})
         labels, pods = shapes_of(args.shapes)
+        if args.where:
+            print(
+                f"{kind:6} {args.nodes} nodes x {args.gpus} GPUs, policy {args.policy}, least of {args.passes} passes"
+            )
+            where(state, args.passes, args.learn, args.policy, labels, pods)
+            continue
         best, digest = run(state, args.passes, args.learn, args.policy, pods)
         ms = [b * 1000 for b in best]
         print(
