@@ -68,6 +68,11 @@ class _Memo:
     # moved, names that have an inventory are all in `name_set`, and /filter's are not looked up again to know it.
     covers: int = -1
     cover_checked: int = -1  # the `names_version` at which `Planner._filter_covered` last checked `covers` anew
+    # For /filter over every name (`names` again, each once): each name's position in `names`, and the positions of
+    # the names not feasible now (failed, unresolvable, stale), kept up to date from the first such call on, so that
+    # its NodeNames are `names` less those, cut out by slices, where each of 5,000 fresh names was looked up.
+    positions: dict[str, int] | None = None
+    out_at: set[int] | None = None
 
     def __post_init__(self) -> None:
         self.keys = RankKeys(self.evaluation.scores)
@@ -1006,6 +1011,7 @@ class Planner:
         if ev.ranked is not None:
             ev.ranked.update(new, ev.scores)
         memo.subset = memo.passed = None  # `passed` may say "every feasible node", which it no longer is
+        memo.positions = memo.out_at = None
         nodes = self.state.nodes
         if len(memo.name_set) >= len(nodes) and memo.name_set.issuperset(nodes):
             memo.covers = self.state.names_version
@@ -1105,6 +1111,13 @@ class Planner:
             memo.covers = self.state.names_version
         ev = memo.evaluation
         feasible = ev.feasible
+        if (
+            len(names) == len(memo.names)
+            and len(memo.name_set) == len(nodes)  # with `covers`: the memo's names are the state's, no other
+            and (names is memo.names or names == memo.names)
+            and self._positions(memo)
+        ):
+            return self._filter_every(memo, names, cache, pod, policy, rank, fits, classes)
         flags = list(map(feasible.__contains__, names))
         at: list[int] = []
         if False in flags:
@@ -1135,6 +1148,47 @@ class Planner:
         if not ev.unresolvable:
             return passed, dict(zip(rest, map(ev.failed.__getitem__, rest), strict=True)), {}
         return passed, _pick(ev.failed, rest), _pick(ev.unresolvable, rest)
+
+    @staticmethod
+    def _positions(memo: _Memo) -> bool:
+        """Keep `_Memo.positions` and `_Memo.out_at` from now on; False where a name is in `memo.names` twice."""
+        if memo.out_at is not None:
+            return True
+        positions = {n: i for i, n in enumerate(memo.names)}
+        if len(positions) < len(memo.names):
+            return False
+        feasible = memo.evaluation.feasible
+        memo.positions = positions
+        memo.out_at = set(
+            itertools.compress(range(len(memo.names)), map(operator.not_, map(feasible.__contains__, memo.names)))
+        )
+        return True
+
+    def _filter_every(
+        self,
+        memo: _Memo,
+        names: list[str],
+        cache: dict[str, tuple[int, NodeResult]],
+        pod: PodInfo,
+        policy: NodePolicy,
+        rank: GpuRank,
+        fits: ShapeMemo,
+        classes: Classes | None,
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """`_filter_covered` over `names` equal to `memo.names`, each a node of the state once: the stale nodes evaluated
+        (all of them, as a call over every name does), NodeNames `names` less the positions in `_Memo.out_at`."""
+        if memo.stale:
+            self._re_evaluate(memo, memo.stale, cache, pod, policy, rank, fits, classes)
+        assert memo.out_at is not None
+        passed: list[str] = []
+        start = 0
+        for at in sorted(memo.out_at):
+            passed += names[start:at]
+            start = at + 1
+        passed += names[start:]
+        ev = memo.evaluation
+        memo.passed = (passed, memo.version, len(passed) == len(ev.feasible))
+        return passed, ev.failed, ev.unresolvable
 
     def evaluate(self, pod: PodInfo, node_names: Iterable[str] | None = None) -> Evaluation:
         """Every candidate node's fit and score; raises UnknownPolicyError for a bad pod annotation.
@@ -1228,6 +1282,9 @@ class Planner:
                 ev.failed.pop(name, None)
                 ev.unresolvable.pop(name, None)
             memo.stale |= touched
+            if memo.out_at is not None:
+                assert memo.positions is not None
+                memo.out_at.update(map(memo.positions.__getitem__, touched))
             ev.priorities = None
             if ev.ranked is not None:
                 ev.ranked.update(sorted(touched), ev.scores)  # out of `scores`: only leave the order
@@ -1269,6 +1326,12 @@ class Planner:
         absent = self._absent(pod, policy, rank)
         for name in order:
             self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes, absent))
+        out_at = memo.out_at
+        if out_at is not None:
+            assert memo.positions is not None
+            for name in order:
+                if name in ev.feasible:
+                    out_at.discard(memo.positions[name])
         if memo.order is not None:
             for name in order:
                 if name in ev.scores:

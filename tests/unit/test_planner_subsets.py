@@ -15,10 +15,10 @@ import random
 
 import pytest
 
-from tests.conftest import make_assignment, make_info, make_node
+from tests.conftest import GPU_MEM, make_assignment, make_info, make_node
 from tests.unit.test_fit_fast import SHAPES, _cluster
 from vgpu import planner as planner_module
-from vgpu.devices import Cordon
+from vgpu.devices import Cordon, NodeInventory
 from vgpu.planner import Evaluation, Planner, Ranked, RankKeys, _rank_of, _top_of, to_priorities
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
@@ -387,3 +387,88 @@ def test_filter_names_with_names_without_an_inventory(seed: int, policy: str) ->
         for _ in range(rng.choice([0, 1, 1, 2])):
             _change(state, p, rng, step, asked, new_nodes=step > 60)
     assert 25 < fast < 90  # both ways taken
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("policy", ["default", "fgd", "binpack"])
+def test_filter_over_every_name_cuts_the_names_not_feasible(seed: int, policy: str) -> None:
+    """/filter over every node, the same names each time (`_filter_every`: NodeNames are the names less the positions
+    kept of those not feasible, `_Memo.out_at`) against the way before on a second planner: the same NodeNames,
+    FailedNodes in the same order and priorities, through binds (most on nodes just passed), releases, cordons, a
+    node leaving and coming back, nodes joining, and relearns; the positions kept match the evaluation after each
+    call."""
+    state = _cluster(seed, policy, nodes=40)
+    p, ref = Planner(state), Planner(state)
+    rng = random.Random(seed)
+    order = list(state.nodes)
+    pods = [make_info(f"s{i}", **kw) for i, kw in enumerate(SHAPES)]  # type: ignore[arg-type]
+    for pod in pods:
+        p.evaluate(pod, order)
+        ref.evaluate(pod, order)
+    every = Planner._filter_every
+    cut = 0
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        nonlocal cut
+        cut += 1
+        return every(p, *a, **k)
+
+    p._filter_every = counted  # type: ignore[method-assign]
+    away: NodeInventory | None = None
+    for step in range(70):
+        pod = rng.choice(pods)
+        if step in (20, 25):  # a node joins: each memo adds it when next asked (`_extend`), then covers it again
+            name = f"new{step}"
+            state.upsert_node(make_node(name, 8, split=4))
+            state.apply(
+                f"bg/{name}", make_assignment(name, [(rng.randrange(8), 20480, 25)], role=Role.DECODE, model="m")
+            )
+            order.append(name)
+        if step in (22, 27):  # the new node fills up after its memos added it: no longer feasible
+            name = f"new{step - 2}"
+            full = make_assignment(name, [(i, GPU_MEM, 100) for i in range(8)], role=Role.DECODE, model="m")
+            state.release(f"bg/{name}")
+            state.apply(f"bg/{name}", full)
+        if step in (40, 41):
+            p.observe(pod)
+            ref.observe(pod)
+            p.evaluate(pod, order)
+            ref.evaluate(pod, order)
+        asked = [n for n in order if n in state.nodes]
+        got = p.filter_names(pod, list(asked), unknown="no inventory")
+        want = ref.filter_names(pod, asked)
+        assert got[0] == want[0]
+        assert list(got[1].items()) == list(want[1].items())
+        assert got[2] == want[2]
+        assert p.priorities_for(pod, got[0]) == ref.priorities_for(pod, want[0])
+        for memo in p._memo.values():
+            if memo.out_at is not None:
+                ev = memo.evaluation
+                assert memo.out_at == {i for i, n in enumerate(memo.names) if n not in ev.feasible}
+        roll = rng.random()
+        if roll < 0.6:
+            for _ in range(rng.choice([1, 1, 2, 3])):
+                if rng.random() < 0.7:
+                    shape = make_info(f"b{step}-{rng.random()}", **rng.choice(SHAPES))  # type: ignore[arg-type]
+                    r = p.evaluate_node(rng.choice(got[0][:3] or order), shape)
+                    if r.placement is not None:
+                        state.apply(shape.key, r.placement.assignment(shape))
+                elif state.assignments:
+                    state.release(rng.choice(sorted(state.assignments)))
+        elif roll < 0.65:
+            node = state.nodes[rng.choice(sorted(state.nodes))]
+            inv = node.inventory
+            cordon = Cordon() if inv.cordon.uuids else Cordon(frozenset({inv.gpus[0].uuid}))
+            state.upsert_node(dataclasses.replace(inv, cordon=cordon))
+        elif roll < 0.7 and away is None:
+            gone = rng.choice(order)
+            away = state.nodes[gone].inventory
+            state.remove_node(gone)
+            if rng.random() < 0.5:
+                state.upsert_node(away)  # back at once: its name is where it was in `order`
+                away = None
+            continue
+        if away is not None:  # back after a call without it
+            state.upsert_node(away)
+            away = None
+    assert cut > 30
