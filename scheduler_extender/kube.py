@@ -46,10 +46,74 @@ POOL_SIZE = 48
 
 
 def core_api() -> client.CoreV1Api:
-    """CoreV1Api on the default configuration (load_kube_config / load_incluster_config), its pool sized POOL_SIZE."""
+    """CoreV1Api on the default configuration (load_kube_config / load_incluster_config), its pool sized POOL_SIZE,
+    each request's head and body sent in one write (`one_write_pools`)."""
     conf = client.Configuration.get_default_copy()
     conf.connection_pool_maxsize = POOL_SIZE
-    return client.CoreV1Api(client.ApiClient(conf))
+    api = client.ApiClient(conf)
+    one_write_pools(api)
+    return client.CoreV1Api(api)
+
+
+class _OneWrite:
+    """A request's head and its bytes body in one `send`. urllib3 2.x (`HTTPConnection.request`, urllib3/connection.py)
+    sends the head (http.client's `_send_output`: one `send`) and then each body chunk apart: two TLS records and two
+    `sendall` calls for every Binding (`post_json`'s body is bytes), and two reads for the apiserver. Here the head is
+    held until the body's one chunk comes and both go out together; in-process over TLS to a local server a bind's CPU
+    on its thread was 388-439 against 407-536 us (four interleaved pairs of 3 x 1,000). A request without a bytes body
+    (GET, watch, the client's own calls, which send text) is sent as urllib3 sends it. The bytes sent are the same."""
+
+    _held_head: bytes | None = None
+    _one_body: bytes | None = None
+
+    def request(  # urllib3.connection.HTTPConnection.request, same arguments
+        self, method: str, url: str, body: Any = None, headers: Any = None, **kwargs: Any
+    ) -> None:
+        self._one_body = body if isinstance(body, bytes) and body and not kwargs.get("chunked") else None
+        sent = False
+        try:
+            super().request(method, url, body=body, headers=headers, **kwargs)  # type: ignore[misc]
+            sent = True
+        finally:
+            head, self._held_head, self._one_body = self._held_head, None, None
+            if head is not None and sent:  # no body chunk came after all: the head alone
+                super().send(head)  # type: ignore[misc]
+
+    def send(self, data: Any) -> None:
+        body = self._one_body
+        if body is not None:
+            if self._held_head is None:
+                self._held_head = bytes(data)  # the head: _send_output's one send
+                return
+            head, self._held_head, self._one_body = self._held_head, None, None
+            if data is body:  # urllib3 sends a bytes body as itself (urllib3/util/request.py body_to_chunks)
+                data = head + body
+            else:
+                super().send(head)  # type: ignore[misc]
+        super().send(data)  # type: ignore[misc]
+
+
+class _OneWriteHTTPConnection(_OneWrite, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _OneWriteHTTPSConnection(_OneWrite, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _OneWriteHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _OneWriteHTTPConnection
+
+
+class _OneWriteHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _OneWriteHTTPSConnection
+
+
+def one_write_pools(api: client.ApiClient) -> None:
+    """The client's pool manager makes its pools of `_OneWrite` connections (a proxy manager is left as it is)."""
+    manager = api.rest_client.pool_manager
+    if type(manager) is urllib3.PoolManager:
+        manager.pool_classes_by_scheme = {"http": _OneWriteHTTPPool, "https": _OneWriteHTTPSPool}
 
 
 @dataclass(frozen=True, slots=True)
