@@ -460,8 +460,8 @@ class Ranked:
     def update(self, touched: Iterable[str], scores: dict[str, float]) -> None:
         """Nodes in `touched` changed (re-recorded at the end of `scores` in this order, or no longer feasible)."""
         gone = set(touched)
-        keep = [i for i, n in enumerate(self.names) if n not in gone]
-        if len(keep) < len(self.names):
+        if not gone.isdisjoint(self.names):  # (in C: most changed nodes are not among the first ones)
+            keep = [i for i, n in enumerate(self.names) if n not in gone]
             self.names = [self.names[i] for i in keep]
             self.keys = [self.keys[i] for i in keep]
         for name in touched:
@@ -498,10 +498,10 @@ class Planner:
         # Called with the number of names after each pass over them that built a new memoised evaluation: the
         # extender's process freezes the results a pass keeps (scheduler_extender.gcpause.settle).
         self.after_pass: Callable[[int], None] | None = None
-        # `_resolved`'s last pod and its answer, and `_absent`'s last pod and its stand-in: one pod's /filter,
-        # /prioritize, hold and /bind ask about the same PodInfo object several times.
+        # `_resolved`'s last pod and its answer (one pod's /filter, /prioritize, hold and /bind ask about the same
+        # PodInfo object several times), and `_absent`'s stand-in pod and its shape by the pod's shape.
         self._last_pod: tuple[PodInfo, NodePolicy, GpuRank, tuple[object, ...]] | None = None
-        self._last_absent: tuple[PodInfo, PodInfo, tuple[object, ...]] | None = None
+        self._absent_pods: dict[tuple[object, ...], tuple[PodInfo, tuple[object, ...]]] = {}
         # `_config_id`: a number for each placement config met, the last one's kept by identity.
         self._config_ids: dict[PlacementConfig, int] = {}
         self._config_last: tuple[PlacementConfig, int] | None = None
@@ -968,13 +968,16 @@ class Planner:
         of such a node, where each model re-evaluated every node that changed since its own last pod."""
         if pod.model is None or not (pod.role.does_prefill or pod.role.does_decode):
             return None
-        last = self._last_absent
-        if last is not None and last[0] is pod:
-            stand_in, shape = last[1], last[2]
-        else:
+        # One stand-in a shape (`_shape` holds the model for these pods): it decides as the stand-in of any pod of the
+        # shape, its container names aside, which a cached result carries for whichever pod filled it (`_own_names`).
+        shape = self._resolved(pod)[2]
+        known = self._absent_pods.get(shape)
+        if known is None:
+            if len(self._absent_pods) >= _CACHED_SHAPES:
+                self._absent_pods.clear()
             stand_in = dataclasses.replace(pod, model=_ABSENT)
-            shape = _shape(stand_in)
-            self._last_absent = (pod, stand_in, shape)
+            known = self._absent_pods[shape] = (stand_in, _shape(stand_in))
+        stand_in, shape = known
         key = (shape, policy.name, policy.epoch, self._config_id())
         return _Absent(
             stand_in,
