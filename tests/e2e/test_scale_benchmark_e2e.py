@@ -63,6 +63,17 @@ def test_report_has_every_field_and_each_arm_measured_what_it_claims(report: dic
     assert base["extender_ms_per_pod"] == {}
     assert report["extender_rss_mib"] > 0 and report["extender_peak_rss_mib"] >= report["extender_rss_mib"]
     assert report["ratio_pods_per_s"] == pytest.approx(ext["pods_per_s"] / base["pods_per_s"], rel=0.01)
+    # Each writer's calls timed at the apiserver (audit log), one per Binding it sent; the apiserver's own means.
+    writes = ext["apiserver_write_ms"][f"{EXTENDER_USER} create pods/binding"]
+    assert writes["n"] >= ext["bound"] and 0 < writes["p50"] <= writes["p90"] <= writes["p99"], writes
+    assert base["apiserver_write_ms"][f"{SCHEDULER_USER} create pods/binding"]["n"] >= base["bound"]
+    assert f"{EXTENDER_USER} create pods/binding" not in base["apiserver_write_ms"]
+    means = ext["apiserver_mean_ms"]
+    assert means["handler POST pods/binding"] > 0 and means["handler POST pods"] > 0 and "etcd update pods" in means
+    assert "apf wait global-default" in means and "apf wait global-default" not in base["apiserver_mean_ms"]
+    for arm in (base, ext):
+        machine = arm["machine_cpu_ms_per_pod"]
+        assert machine["busy"] >= sum(arm["cpu_ms_per_pod"].values()) * 0.9 and machine["load generator"] > 0
 
 
 @pytest.mark.timeout(900)
