@@ -382,7 +382,6 @@ def test_filter_names_with_names_without_an_inventory(seed: int, policy: str) ->
         if step % 4 == 1 and got[0]:  # a bind between /filter and /prioritize
             _change(state, p, rng, step, got[0][:1])
         assert p.priorities_for(pod, got[0]) == ref.priorities_for(pod, want_passed)
-        assert got[0] == [x for x in asked if x in _oracle(p, pod, known).feasible] or step % 4 == 1
         _check_order(p)
         for _ in range(rng.choice([0, 1, 1, 2])):
             _change(state, p, rng, step, asked, new_nodes=step > 60)
