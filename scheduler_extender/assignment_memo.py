@@ -16,11 +16,19 @@ from vgpu.annotations import Assignment
 # Texts kept: about the pods bound or being bound between two clears. A clear costs one decode per pod seen again,
 # never a wrong answer; 4,096 texts of ~300 B and their Assignments are ~4 MiB.
 LIMIT = 4096
+# The longest text kept. Anyone who may create a pod may write any text here, up to the apiserver's 256 KiB of
+# annotations (k8s.io/apimachinery v0.34 pkg/api/validation/objectmeta.go, TotalAnnotationSizeLimitB), padded with
+# fields the decoder ignores or with thousands of slices: 4,096 such texts held 1-3 GiB (the extender's limit is
+# 1 GiB). Ours are ASCII (json.dumps escapes the rest) and ~100 B a slice; a longer or non-ASCII text is decoded
+# every time, as before the memo. Held at most: 4,096 texts of 4 KiB and what they decode to.
+MAX_TEXT = 4096
 
 _by_text: dict[str, Assignment] = {}
 
 
 def _keep(text: str, assignment: Assignment) -> None:
+    if len(text) > MAX_TEXT or not text.isascii():
+        return
     if len(_by_text) >= LIMIT:
         _by_text.clear()  # the GIL makes each dict call atomic: a reader meanwhile misses and decodes
     _by_text[text] = assignment
