@@ -5,7 +5,7 @@ fragmented for it; otherwise only the GPUs with less room than the task's per-GP
 tasks: every partly used GPU). CPU-only tasks cannot use GPU, so all idle GPU counts for them. A node's
 fragmentation is the expectation over the target workload: the most frequent shapes covering
 `coverage` of the pods seen, renormalised. Results are memoised per node signature (free CPU, memory,
-model, sorted free milli), so identical nodes cost one computation.
+model, card size and SM capacity, sorted free milli), so identical nodes cost one computation.
 """
 
 from __future__ import annotations
@@ -87,13 +87,14 @@ class FragModel:
 
     def __init__(self, workload: Sequence[tuple[TaskShape, float]]) -> None:
         self.workload = list(workload)
-        self._tasks: dict[int, list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
+        # Per card (memory, SM capacity): a slice's share (`slice_milli`) reads both.
+        self._tasks: dict[tuple[int, int], list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
         self._memo: dict[tuple[object, ...], float] = {}
         self._growth: dict[tuple[object, ...], Growths] = {}
         self._plans: dict[tuple[object, ...], list[tuple[float, int, int]]] = {}
 
     def _tasks_on(self, u: GpuUsage) -> list[tuple[float, int, int, int, int, frozenset[str] | None]]:
-        key = u.device.memory_mib
+        key = (u.device.memory_mib, u.device.cores)
         tasks = self._tasks.get(key)
         if tasks is None:
             tasks = self._tasks[key] = [
@@ -117,10 +118,11 @@ class FragModel:
         return self.growths(node, sig, host).of(node, free, take)
 
     def growths(self, node: NodeState, sig: tuple[int, ...], host: tuple[int, int, int, int]) -> Growths:
-        """`growth` for every (free, take) on nodes of this signature, host room, GPU model and card size: one lookup
-        of the node's key, then one of (free, take) per GPU state ranked (`vgpu.placement.fgd`'s GPU order)."""
+        """`growth` for every (free, take) on nodes of this signature, host room, GPU model and card (size, SM
+        capacity): one lookup of the node's key, then one of (free, take) per GPU state ranked (`vgpu.placement.fgd`'s
+        GPU order)."""
         g0 = node.gpus[0].device
-        key = (sig, host, g0.model, g0.memory_mib)
+        key = (sig, host, g0.model, g0.memory_mib, g0.cores)
         table = self._growth.get(key)
         if table is None:
             if len(self._growth) > _TABLES_LIMIT:
@@ -131,7 +133,7 @@ class FragModel:
     def frag_sorted(self, node: NodeState, sig: tuple[int, ...], cpu_free: int, mem_free: int) -> float:
         """`frag` for a node with GPUs, its frees given sorted."""
         g0 = node.gpus[0].device
-        key = (cpu_free, mem_free, g0.model, g0.memory_mib, sig)
+        key = (cpu_free, mem_free, g0.model, g0.memory_mib, g0.cores, sig)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -159,13 +161,14 @@ class FragModel:
         return out
 
     def _plan(self, node: NodeState, cpu_free: int, mem_free: int) -> list[tuple[float, int, int]]:
-        """Each workload task (in order) as `frag_sorted` tests it on a node of this GPU model and card size with this
-        host room: (weight, milli, count), where a task that cannot run there whatever the GPUs hold (no GPU, too
-        little host room, another model) has milli `_NEVER` (more than any GPU's free: all idle GPU is fragmented
-        for it) and a shared-slice task (milli < 1000) count 0 (only its milli decides). A whole-card task keeps both:
-        too few free whole cards (`full < count`) or none (`biggest < milli`). Kept per (model, size, host room)."""
+        """Each workload task (in order) as `frag_sorted` tests it on a node of this GPU model and card (size, SM
+        capacity) with this host room: (weight, milli, count), where a task that cannot run there whatever the GPUs
+        hold (no GPU, too little host room, another model) has milli `_NEVER` (more than any GPU's free: all idle GPU
+        is fragmented for it) and a shared-slice task (milli < 1000) count 0 (only its milli decides). A whole-card
+        task keeps both: too few free whole cards (`full < count`) or none (`biggest < milli`). Kept per (model, size,
+        SM capacity, host room)."""
         g0 = node.gpus[0]
-        key = (g0.device.model, g0.device.memory_mib, cpu_free, mem_free)
+        key = (g0.device.model, g0.device.memory_mib, g0.device.cores, cpu_free, mem_free)
         plan = self._plans.get(key)
         if plan is None:
             model = g0.device.model
@@ -188,9 +191,9 @@ class FragModel:
 
 
 class Growths:
-    """`FragModel.growth` on nodes of one signature, host room, GPU model and card size, by (free, take), with the
-    nodes' own fragmentation worked out once (`before`). `node`: any node of those (the model reads its first GPU's
-    model and size, which the table's key holds)."""
+    """`FragModel.growth` on nodes of one signature, host room, GPU model and card (size, SM capacity), by (free,
+    take), with the nodes' own fragmentation worked out once (`before`). `node`: any node of those (the model reads
+    its first GPU's model, size and SM capacity, which the table's key holds)."""
 
     __slots__ = ("before", "by", "host", "model", "sig")
 
