@@ -126,7 +126,22 @@ class StateSync:
                 self._forget(key)
                 self._release(key)
             return
-        bound = bool(bound_node(pod))
+        node = bound_node(pod)
+        bound = bool(node)
+        if bound and node != assignment.node:
+            # The annotation names another node than the one the pod runs on: ours never do (the Binding carries
+            # the assignment it names), so it was written by hand. Honouring it would hold slices on a node the pod
+            # is not on; the device plugin where it runs refuses it anyway.
+            self._problem(
+                "assignment", f"pod {key}: its assignment names node {assignment.node!r}, it is bound to {node!r}"
+            )
+            log.warning(
+                "ignoring an assignment for another node than the pod's",
+                extra={"pod": key, "assignment_node": assignment.node, "node": node},
+            )
+            self._forget(key)
+            self._release(key)
+            return
         if bound:
             self.unbound.pop(key, None)
             self.first_seen.pop(key, None)
