@@ -5,7 +5,10 @@ SM capacity (`GpuDevice.cores`, e.g. a clusterfile template with `cores: 50`): a
 
 from __future__ import annotations
 
+import pytest
+
 from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.placement import frag
 from vgpu.placement.frag import FragModel, TaskShape
 from vgpu.state import NodeState
 
@@ -45,3 +48,19 @@ def test_growth_tells_cards_of_other_sm_capacity_apart() -> None:
     model.growth(full, sig, 1000, 600, host)
     assert _same(model.growth(half, sig, 1000, 600, host), alone)
     assert _same(model.growths(half, sig, host).of(half, 1000, 600), alone)
+
+
+def test_growth_tables_stay_bounded_by_their_entries_over_all_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table count alone bounded 50,000 tables of up to 256 entries (~1.5 GiB); the entries are capped too, and
+    an answer after a clear is the plain computation's."""
+    monkeypatch.setattr(frag, "_ENTRIES_LIMIT", 50)
+    model = FragModel(_workload())
+    node = _node("full", 100)
+    plain = FragModel(_workload())
+    for cpu in range(40):  # a host room per table, as churn makes them
+        host = (_PLENTY - cpu, _PLENTY, _PLENTY - cpu - 1, _PLENTY)
+        for free in (500, 1000):
+            got = model.growth(node, (500, 1000), free, 300, host)
+            assert _same(got, plain.growth(node, (500, 1000), free, 300, host))
+        held = sum(len(t.by) for t in model._growth.values())
+        assert held <= 51 and model.growth_entries <= 51

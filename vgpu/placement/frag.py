@@ -22,6 +22,9 @@ from vgpu.state import GpuUsage, NodeState
 _MEMO_LIMIT = 200_000
 _TABLES_LIMIT = 50_000  # `FragModel.growths` tables (each at most `_TABLE_LIMIT` entries)
 _TABLE_LIMIT = 256
+# Entries over all of a model's growth tables (~150 B each): the table count alone let a churning cluster keep
+# 50,000 full tables (~1.5 GiB) against the extender's 1 GiB; cleared whole past this (~60 MiB).
+_ENTRIES_LIMIT = 400_000
 _PLANS_LIMIT = 4_096  # host rooms met (tracked hosts: one per distinct (cpu, memory) free)
 _NEVER = 1 << 62  # `FragModel._plan`'s milli for a task that cannot run on the node: above every GPU's free share
 
@@ -91,6 +94,7 @@ class FragModel:
         self._tasks: dict[tuple[int, int], list[tuple[float, int, int, int, int, frozenset[str] | None]]] = {}
         self._memo: dict[tuple[object, ...], float] = {}
         self._growth: dict[tuple[object, ...], Growths] = {}
+        self.growth_entries = 0  # entries added to `_growth`'s tables since it was last cleared
         self._plans: dict[tuple[object, ...], list[tuple[float, int, int]]] = {}
 
     def _tasks_on(self, u: GpuUsage) -> list[tuple[float, int, int, int, int, frozenset[str] | None]]:
@@ -127,6 +131,7 @@ class FragModel:
         if table is None:
             if len(self._growth) > _TABLES_LIMIT:
                 self._growth.clear()
+                self.growth_entries = 0
             table = self._growth[key] = Growths(self, sig, host)
         return table
 
@@ -222,4 +227,8 @@ class Growths:
         if len(by) >= _TABLE_LIMIT:
             by.clear()
         by[(free, take)] = hit
+        model.growth_entries += 1
+        if model.growth_entries > _ENTRIES_LIMIT:
+            model._growth.clear()  # this table goes too; the caller's answer stands
+            model.growth_entries = 0
         return hit
