@@ -78,37 +78,77 @@ class _Memo:
         self.keys = RankKeys(self.evaluation.scores)
 
 
-@dataclass(frozen=True, slots=True)
 class _Shared:
     """One node class's evaluation (`NodeState.class_key`) for one memoised shape: the chosen GPU's state and slice,
-    the policy's score and the role score without its headroom; or the failure, which names no GPU."""
+    the policy's score and the role score without its headroom; or the failure, which names no GPU. Not changed once
+    the class holds it (bar a split class's `splits`, which fill as nodes come). A plain slots class, not a dataclass:
+    the first node of each class builds one, and a frozen dataclass's `__init__` (each field set through
+    `object.__setattr__`) was ~6x the instructions, ~9 % of a one-slice full evaluation (callgrind)."""
 
-    state: int | None  # `GpuUsage.state_id` of the chosen GPU
-    container: str = ""
-    memory_mib: int = 0
-    cores: int = 0
-    policy_score: float = 0.0
-    role_base: float = 0.0
-    # The whole score where it is the same on every node of the class (no headroom term, or one at its cap); None:
-    # policy_score + (role_base + the node's own headroom), the order `_evaluate` adds them in.
-    score: float | None = None
-    failure: FitFailure | None = None
-    # Where GPUs of several states rank equal to the best: each such state's answer, by state; a node takes the one
-    # whose first GPU has the lowest index there.
-    tied: dict[int, _Shared] | None = None
-    result: NodeResult | None = None  # for a failure: the one result every node of the class gets (it names none)
-    # A pod of several slices (`_share_multi`): each container's name and slices, a slice as (the GPU's
-    # `GpuUsage.state_id`, which GPU of that state in index order, memory, cores); `state` is then None.
-    multi: tuple[tuple[str, tuple[tuple[int, int, int, int], ...]], ...] | None = None
-    linked: float | None = None  # with `multi`: the topology term added to the score, where there is one
-    # A pod of several slices where GPU states rank equal (`_multi_ties`): those states, and the answer for each order
-    # of their GPUs by index on a node (`_split_key`), made by the first node of the class with that order. For a pod
-    # of one container, `ranks` (each candidate state's order key bar the index) and `take` (its count) make the key
-    # the states of the GPUs it takes, in order, instead.
-    split: frozenset[int] | None = None
-    splits: dict[tuple[int, ...], _Shared] | None = None
-    ranks: dict[int, tuple[float, float]] | None = None
-    take: int = 0
+    __slots__ = (
+        "container",
+        "cores",
+        "failure",
+        "linked",
+        "memory_mib",
+        "multi",
+        "policy_score",
+        "ranks",
+        "result",
+        "role_base",
+        "score",
+        "split",
+        "splits",
+        "state",
+        "take",
+        "tied",
+    )
+
+    def __init__(
+        self,
+        state: int | None,
+        container: str = "",
+        memory_mib: int = 0,
+        cores: int = 0,
+        policy_score: float = 0.0,
+        role_base: float = 0.0,
+        score: float | None = None,
+        *,
+        failure: FitFailure | None = None,
+        result: NodeResult | None = None,
+        multi: tuple[tuple[str, tuple[tuple[int, int, int, int], ...]], ...] | None = None,
+        linked: float | None = None,
+        split: frozenset[int] | None = None,
+        splits: dict[tuple[int, ...], _Shared] | None = None,
+        ranks: dict[int, tuple[float, float]] | None = None,
+        take: int = 0,
+    ) -> None:
+        self.state = state  # `GpuUsage.state_id` of the chosen GPU
+        self.container = container
+        self.memory_mib = memory_mib
+        self.cores = cores
+        self.policy_score = policy_score
+        self.role_base = role_base
+        # The whole score where it is the same on every node of the class (no headroom term, or one at its cap); None:
+        # policy_score + (role_base + the node's own headroom), the order `_evaluate` adds them in.
+        self.score = score
+        self.failure = failure
+        # Where GPUs of several states rank equal to the best: each such state's answer, by state; a node takes the
+        # one whose first GPU has the lowest index there (`_share_tied` sets it before the class holds the answer).
+        self.tied: dict[int, _Shared] | None = None
+        self.result = result  # for a failure: the one result every node of the class gets (it names none)
+        # A pod of several slices (`_share_multi`): each container's name and slices, a slice as (the GPU's
+        # `GpuUsage.state_id`, which GPU of that state in index order, memory, cores); `state` is then None.
+        self.multi = multi
+        self.linked = linked  # with `multi`: the topology term added to the score, where there is one
+        # A pod of several slices where GPU states rank equal (`_multi_ties`): those states, and the answer for each
+        # order of their GPUs by index on a node (`_split_key`), made by the first node of the class with that order.
+        # For a pod of one container, `ranks` (each candidate state's order key bar the index) and `take` (its count)
+        # make the key the states of the GPUs it takes, in order, instead.
+        self.split = split
+        self.splits = splits
+        self.ranks = ranks
+        self.take = take
 
 
 # A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
@@ -843,7 +883,8 @@ class Planner:
             if one.state is None:
                 return _PER_NODE
             tied[one.state] = one
-        return dataclasses.replace(chosen, tied=tied)
+        chosen.tied = tied  # in place: `chosen` is this node's own, made by `_share` just now and held by no result yet
+        return chosen
 
     def _of_class(self, node: NodeState, shared: _Shared, firsts: dict[int, GpuUsage] | None = None) -> NodeResult:
         """The class's answer on this node: its first GPU in the chosen state, the same slice and score. `firsts`: the
@@ -1383,9 +1424,9 @@ class Planner:
         fits: ShapeMemo,
         classes: Classes | None,
     ) -> None:
-        """`_record(out, name, _cached(...))` for every name, with a node whose class is known inline (`_of_class`
-        where the class's answer is a tie or its score takes the node's own headroom): a cold pass over 5,000 nodes is
-        mostly that. Without node classes (a policy or shape they do not hold for), each node through `_cached`."""
+        """`_record(out, name, _cached(...))` for every name, with a node whose class (or split of a split class) is known
+        inline (`_of_class` where the class's answer is a tie or its score takes the node's own headroom): a cold pass
+        over 5,000 nodes is mostly that. Without node classes (a policy or shape they do not hold for), each node through `_cached`."""
         if classes is None:
             for name in names:
                 self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
@@ -1426,6 +1467,19 @@ class Planner:
                             feasible[name] = result
                             scores[name] = result.score
                             continue
+                        splits = shared.splits
+                        if splits is not None:  # a split class: this node's split, where a node evaluated it already
+                            known = splits.get(_split_key(node, shared))
+                            if known is not None:
+                                if known.result is not None:  # the split's failure
+                                    cache[name] = (version, known.result)
+                                    self._record(out, name, known.result)
+                                    continue
+                                result = self._of_multi(node, known, memo[2])
+                                cache[name] = (version, result)
+                                feasible[name] = result
+                                scores[name] = result.score
+                                continue
             self._record(out, name, self._cached(cache, name, pod, policy, rank, fits, classes))
 
     @staticmethod
