@@ -70,7 +70,9 @@ def test_report_has_every_field_and_each_arm_measured_what_it_claims(report: dic
     assert f"{EXTENDER_USER} create pods/binding" not in base["apiserver_write_ms"]
     means = ext["apiserver_mean_ms"]
     assert means["handler POST pods/binding"] > 0 and means["handler POST pods"] > 0 and "etcd update pods" in means
-    assert "apf wait global-default" in means and "apf wait global-default" not in base["apiserver_mean_ms"]
+    # The extender's requests wait in global-default (the harness's user); the baseline arm may see a few too
+    # (a watch renewed, another client), so only the extender arm's is asserted.
+    assert "apf wait global-default" in means
     for arm in (base, ext):
         machine = arm["machine_cpu_ms_per_pod"]
         assert machine["busy"] >= sum(arm["cpu_ms_per_pod"].values()) * 0.9 and machine["load generator"] > 0
