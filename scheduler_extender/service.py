@@ -220,6 +220,15 @@ class ExtenderService:
                     self.metrics.one_node.labels("all-held" if chosen is None else "one").inc()
                     if chosen is not None and items is None:
                         passed = [chosen]
+                # Written under the lock: FailedNodes (and the evaluation the node-list mode reads) may be the planner's
+                # memoised evaluation's own dicts, which another verb thread's call refreshes in place once it is free.
+                if items is not None:
+                    assert evaluation is not None
+                    answer = _filter_result(names, items, evaluation, only=chosen)
+                else:
+                    answer = schema.filter_result(
+                        node_names=passed, nodes=None, failed=failed, unresolvable=unresolvable
+                    )
         except (RequestError, UnknownPolicyError) as exc:  # the pod can never fit: say why on every node
             self.metrics.filter_failure("invalid-request")
             return schema.filter_result(
@@ -230,10 +239,7 @@ class ExtenderService:
             )
         if not fits:
             self.metrics.filter_failure("no-fit")
-        if items is not None:
-            assert evaluation is not None
-            return _filter_result(names, items, evaluation, only=chosen)
-        return schema.filter_result(node_names=passed, nodes=None, failed=failed, unresolvable=unresolvable)
+        return answer
 
     def _known_names(self, verb: str, names: list[str]) -> list[str]:
         """`names` that have an inventory, in order; the list kept from the verb's last call when nothing changed."""
