@@ -1109,15 +1109,17 @@ class Planner:
         of such a node, where each model re-evaluated every node that changed since its own last pod."""
         if pod.model is None or not (pod.role.does_prefill or pod.role.does_decode):
             return None
-        # One stand-in a shape (`_shape` holds the model for these pods): it decides as the stand-in of any pod of the
-        # shape, its container names aside, which a cached result carries for whichever pod filled it (`_own_names`).
-        shape = self._resolved(pod)[2]
-        known = self._absent_pods.get(shape)
+        # One stand-in a shape and container names (`_shape` holds the model for these pods): it decides as the
+        # stand-in of any pod of the shape, and a node evaluated afresh through it names the asking pod's containers
+        # in a failure, as the uncached evaluation does (a cached result names whichever pod filled it: `_own_names`).
+        names = tuple(c.container for c in pod.request.containers)
+        at = (self._resolved(pod)[2], names)
+        known = self._absent_pods.get(at)
         if known is None:
             if len(self._absent_pods) >= _CACHED_SHAPES:
                 self._absent_pods.clear()
             stand_in = dataclasses.replace(pod, model=_ABSENT)
-            known = self._absent_pods[shape] = (stand_in, _shape(stand_in))
+            known = self._absent_pods[at] = (stand_in, _shape(stand_in))
         stand_in, shape = known
         key = (shape, policy.name, policy.epoch, self._config_id())
         return _Absent(

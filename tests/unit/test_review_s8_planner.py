@@ -15,7 +15,7 @@ import pytest
 
 from scheduler_extender import schema
 from scheduler_extender.service import NO_INVENTORY, ExtenderService
-from tests.conftest import make_info
+from tests.conftest import make_container, make_info, make_node
 from tests.unit.test_extender_service import FakeBinder
 from tests.unit.test_fit_fast import SHAPES, _cluster
 from tests.unit.test_planner_subsets import _oracle
@@ -23,7 +23,49 @@ from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.planner import Planner
+from vgpu.pod import PodInfo
 from vgpu.state import ClusterState
+
+
+def _two_gpu_pod(name: str, container: str, *, model: str | None = "m1") -> PodInfo:
+    """A decode pod of `model` asking two whole GPUs from one container named `container`."""
+    role = None if model is None else "decode"
+    return make_info(name, role=role, model=model, containers=[make_container(container, gpu=2)])
+
+
+def _small_cluster(policy: str = "default") -> ClusterState:
+    state = ClusterState(PlacementConfig(node_policy=policy))
+    state.upsert_node(make_node("one-gpu", 1))  # too small for a two-GPU pod: fails naming the pod's container
+    state.upsert_node(make_node("two-gpu", 2))
+    return state
+
+
+def _relabel(state: ClusterState, name: str, step: int) -> None:
+    """A new version of the node (a label changed): no cached result holds for it."""
+    state.upsert_node(dataclasses.replace(state.nodes[name].inventory, labels={"step": str(step)}))
+
+
+def _reasons(answer: tuple[list[str], dict[str, str], dict[str, str]]) -> dict[str, str]:
+    """FailedNodes and FailedAndUnresolvableNodes of a `filter_names` answer together."""
+    return {**answer[1], **answer[2]}
+
+
+def test_a_stand_in_evaluated_afresh_names_the_asking_pods_containers() -> None:
+    """A node that runs neither model is evaluated through `_absent`'s stand-in. Re-evaluated after it changed (no
+    cached result to reuse), /filter's FailedNodes reason must name the asking pod's container, as the uncached
+    evaluation does: the stand-in made once a shape is the first pod's, with that pod's container names. (binpack: no
+    node classes, whose shared failure names the first pod's containers too, before the stand-in as after it.)"""
+    state = _small_cluster("binpack")
+    p = Planner(state)
+    first, second = _two_gpu_pod("first", "alpha"), _two_gpu_pod("second", "beta")
+    names = ["one-gpu", "two-gpu"]
+    for step in range(2):  # the first pass (`_fill`), then a re-evaluation through the stand-in: the first pod's
+        assert "'alpha'" in _reasons(p.filter_names(first, list(names), unknown=NO_INVENTORY))["one-gpu"]
+        _relabel(state, "one-gpu", step)
+    got = p.filter_names(second, list(names), unknown=NO_INVENTORY)
+    want = p.evaluate_node("one-gpu", second).failure
+    assert want is not None and "'beta'" in want.reason
+    assert _reasons(got)["one-gpu"] == want.reason
 
 
 def test_equal_configs_share_an_id_and_an_id_is_never_another_configs() -> None:
