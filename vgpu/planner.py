@@ -389,11 +389,14 @@ def _shape(pod: PodInfo) -> tuple[object, ...]:
     a pod with a prefill or decode role has its model read (the GPU role order, NVLink to a counterpart, the role
     score: `vgpu.fit.role_rank`, `near_counterpart`, `role_parts` return before reading it otherwise), so the
     whole-card and multi-GPU pods of different models share one evaluation, where each model had its own and
-    re-evaluated every node that changed since its own last pod (benchmarks/planner_profile.py scale)."""
+    re-evaluated every node that changed since its own last pod (benchmarks/planner_profile.py scale). The container
+    names are part of it: a failure's reason names the pod's containers (kube-scheduler shows it in the pod's
+    FailedScheduling event), so a cached failure must be that of a pod named alike (pods of one workload are)."""
     key = pod.shape_key()
+    names = tuple(c.container for c in pod.request.containers)
     if pod.model is None or pod.role.does_prefill or pod.role.does_decode:
-        return key
-    return (key[0], key[1], None, *key[3:])  # shape_key's third item is the model
+        return (*key, names)
+    return (key[0], key[1], None, *key[3:], names)  # shape_key's third item is the model
 
 
 def _split_key(node: NodeState, split: _Shared) -> tuple[int, ...]:
@@ -411,9 +414,9 @@ def _split_key(node: NodeState, split: _Shared) -> tuple[int, ...]:
 
 
 def _own_names(result: NodeResult, pod: PodInfo) -> NodeResult:
-    """`result` naming `pod`'s own containers: a cached result may be another pod's of the same shape
-    (`PodRequest.shape` leaves container names out; one container per request, in spec order), and the Assignment
-    /bind writes must name this pod's (vgpu.assignment_check refuses any other at the device plugin's Allocate)."""
+    """`result` naming `pod`'s own containers, which the Assignment /bind writes must (vgpu.assignment_check refuses
+    any other at the device plugin's Allocate): a safeguard, as the per-shape caches' key (`_shape`) holds the
+    container names (`PodRequest.shape` leaves them out; one container per request, in spec order)."""
     placement = result.placement
     if placement is None:
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.conftest import make_assignment, make_info, make_node
 from vgpu.config import PlacementConfig
-from vgpu.planner import Planner
+from vgpu.planner import Planner, _shape
 from vgpu.state import ClusterState, HostUse
 
 
@@ -29,13 +29,13 @@ def test_a_relearn_drops_the_older_epoch_s_results() -> None:
     other = make_info("b", gpumem_percentage=50, gpucores=50)
     p.observe(pod)
     first = p.evaluate(pod)
-    assert _keys_of(p, pod.shape_key()) == {"_cache": 1, "_memo": 1, "_classes": 1}
+    assert _keys_of(p, _shape(pod)) == {"_cache": 1, "_memo": 1, "_classes": 1}
     epoch = p.policy("default").epoch
     p.observe(other)  # the default policy relearns: every shape's epoch moves
     assert p.policy("default").epoch != epoch
     second = p.evaluate(pod)
     assert second is not first
-    assert _keys_of(p, pod.shape_key()) == {"_cache": 1, "_memo": 1, "_classes": 1}
+    assert _keys_of(p, _shape(pod)) == {"_cache": 1, "_memo": 1, "_classes": 1}
     # The same decisions as a planner that never saw the older epoch.
     fresh = Planner(state)
     fresh.observe(pod)

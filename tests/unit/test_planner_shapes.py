@@ -37,10 +37,11 @@ def test_the_model_is_left_out_only_for_a_pod_without_a_prefill_or_decode_role()
     for pod in _pods():
         key = _shape(pod)
         assert pod.shape_key()[2] == pod.model  # `_shape` drops shape_key's third item
+        names = tuple(c.container for c in pod.request.containers)  # the last item: the containers' names
         if pod.role.does_prefill or pod.role.does_decode:
-            assert key == pod.shape_key()
+            assert key == (*pod.shape_key(), names)
         else:
-            assert key == dataclasses.replace(pod, model=None).shape_key()
+            assert key == (*dataclasses.replace(pod, model=None).shape_key(), names)
 
 
 @pytest.mark.parametrize(("seed", "policy"), [(0, "default"), (1, "default"), (2, "fgd"), (3, "binpack")])
@@ -164,15 +165,16 @@ def test_cached_result_is_a_fresh_fit_and_a_changed_node_is_fitted_again() -> No
 
 @pytest.mark.parametrize("size", SIZES)
 def test_cached_result_names_the_pods_own_containers(size: dict[str, object]) -> None:
-    """Pods of one shape with other container names share the per-shape cache (`PodRequest.shape` has no names), but
-    /bind's `cached_result` is this pod's fresh fit: the Assignment it writes names this pod's containers, which the
-    device plugin checks against the pod's spec (vgpu.assignment_check)."""
+    """Pods of one shape with other container names keep their own per-shape caches (a failure's reason names the
+    containers), and /bind's `cached_result` names this pod's containers: the Assignment it writes is checked by the
+    device plugin against the pod's spec (vgpu.assignment_check)."""
     state = _class_cluster(5, "default", patterns=6)
     p = Planner(state)
     first = make_info("a", role="decode", model="m", containers=[make_container("vllm", **size)])
     other = make_info("b", role="decode", model="m", containers=[make_container("server", **size)])
-    assert _shape(first) == _shape(other)
-    p.evaluate(first)  # fills the shape's per-node cache with `first`'s container name
+    assert _shape(first) != _shape(other)
+    p.evaluate(first)
+    p.evaluate(other)
     fitted = 0
     for name in state.nodes:
         got, want = p.cached_result(name, other), p.evaluate_node(name, other)

@@ -68,6 +68,25 @@ def test_a_stand_in_evaluated_afresh_names_the_asking_pods_containers() -> None:
     assert _reasons(got)["one-gpu"] == want.reason
 
 
+@pytest.mark.parametrize("policy", ["default", "binpack"])
+@pytest.mark.parametrize("model", ["m1", None])
+def test_failed_nodes_name_the_asking_pods_containers(model: str | None, policy: str) -> None:
+    """/filter's FailedNodes reasons (kube-scheduler's FailedScheduling event) name the asking pod's containers, as the
+    uncached evaluation does, not those of the pod of the same shape whose evaluation the per-shape cache or a node
+    class kept; and a pod named like the first still shares the first's evaluation."""
+    state = _small_cluster(policy)
+    p = Planner(state)
+    first, second = _two_gpu_pod("first", "alpha", model=model), _two_gpu_pod("second", "beta", model=model)
+    names = ["one-gpu", "two-gpu"]
+    p.filter_names(first, list(names), unknown=NO_INVENTORY)
+    got = p.filter_names(second, list(names), unknown=NO_INVENTORY)
+    want = _oracle(p, second, names)
+    assert "'beta'" in want.unresolvable["one-gpu"]
+    assert (got[1], got[2]) == (want.failed, want.unresolvable)
+    again = _two_gpu_pod("third", "alpha", model=model)
+    assert p.filter_names(again, list(names), unknown=NO_INVENTORY)[2] == _oracle(p, again, names).unresolvable
+
+
 def test_equal_configs_share_an_id_and_an_id_is_never_another_configs() -> None:
     """`_config_id` through configs swapped in and dropped (ids of freed objects are reused by CPython): equal
     configs one number, different ones different numbers, whatever object identity each had."""
