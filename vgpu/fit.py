@@ -205,7 +205,7 @@ def fit_node(
                     if verdict is None:
                         verdict = judged[key] = _judge(u, req, pod, config, by_role_order)
                 else:
-                    verdict = _judge_with(u, req, pod, config, by_role_order, offer, extra.get(dev.uuid, _NONE))
+                    verdict = judge_with(u, req, pod, config, by_role_order, offer, extra.get(dev.uuid, _NONE))
                 why = verdict[2]
                 if why is None:
                     hosts.append((verdict, pos, u, key))
@@ -310,7 +310,7 @@ def _judged(req: ContainerRequest, pod: PodInfo, config: PlacementConfig, by_rol
     return table
 
 
-def _judge_with(
+def judge_with(
     u: GpuUsage,
     req: ContainerRequest,
     pod: PodInfo,
@@ -320,7 +320,7 @@ def _judge_with(
     e: list[int],
 ) -> _Verdict:
     """`_judge` on a GPU the kubelet's offer may leave out, or that holds slices of this pod's earlier containers
-    (`e`: their memory, cores, count and best-effort count)."""
+    (`e`: their memory, cores, count and best-effort count); the planner's picks (`Planner._picks`) ask it too."""
     dev = u.device
     mem = req.memory_on(dev.memory_mib)
     cores = req.cores_on(dev.memory_mib)

@@ -25,7 +25,7 @@ from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.config import PlacementConfig
 from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
-from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, role_rank
+from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, judge_with, role_rank
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
 from vgpu.placement.role_score import free_after, headroom_one, role_parts
@@ -773,7 +773,7 @@ class Planner:
         """What `fit_node` takes on a node of a split class for a pod of several containers (`_multi_ties` holds: a
         `StateRank`, a flat node, every GPU usable, no kubelet offer): each container in turn takes its `count` least
         GPUs by (its order key of the GPU's state, index) among those that can host its slice, a GPU holding earlier
-        containers' slices judged with them (`slice_blocker`'s extras, as the fit does); each slice as (state, which GPU
+        containers' slices judged with them (`vgpu.fit.judge_with`, as the fit does); each slice as (state, which GPU
         of that state in index order), flat; where a container has too few, (-1, its position) ends the key. The
         answer (`_share_multi`) reads only that, the class and the node's own headroom, so nodes with equal picks take
         one answer whatever the order of their other GPUs."""
@@ -790,23 +790,8 @@ class Planner:
                 if key is None:
                     continue
                 e = extra.get(pos)
-                if e is not None:
-                    u = gpus[pos]
-                    dev = u.device
-                    mem, cores = req.memory_on(dev.memory_mib), req.cores_on(dev.memory_mib)
-                    why = slice_blocker(
-                        u,
-                        mem,
-                        cores,
-                        pod.role,
-                        config,
-                        extra_memory=e[0],
-                        extra_cores=e[1],
-                        extra_sharers=e[2],
-                        extra_best_effort=e[3],
-                    )
-                    if why is not None:
-                        continue
+                if e is not None and judge_with(gpus[pos], req, pod, config, False, None, e)[2] is not None:
+                    continue  # it cannot take this slice beside the earlier containers' (the fit's own verdict)
                 cands.append((key, gpus[pos].device.index, pos))
             if len(cands) < req.count:
                 out += (-1, i)
