@@ -33,6 +33,11 @@ p50 / p99 / max, and the full (gen-2) garbage collections that fell into them, t
     python benchmarks/cold_shape.py [--nodes 5000] [--passes 3] [--digest] [--shapes single|multi|all] [--each]
     python benchmarks/cold_shape.py --where [--cluster usual] [--shapes all]
     python benchmarks/cold_shape.py --rescorings [--nodes 5000] [--learn 100] [--passes 3]
+    python benchmarks/cold_shape.py --callgrind [--cluster usual] [--shapes multi]
+
+`--callgrind` runs one pass under valgrind's callgrind, counting only each shape's `evaluate` + `priorities` (the
+cluster's build and the learning are not counted), and prints each shape's instructions: figures that the box's other
+work does not move, to compare two versions of the code.
 """
 
 from __future__ import annotations
@@ -40,9 +45,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -180,16 +189,77 @@ def digest_of(ev: Evaluation, prios: dict[str, int], h: Any) -> None:
     h.update(repr(sorted(prios.items())).encode())
 
 
-def run(state: ClusterState, passes: int, learn: int, policy: str, pods: list[PodInfo]) -> tuple[list[float], str]:
+GATE_ENV = "COLD_SHAPE_GATE"  # set by --callgrind for the child run under valgrind
+
+
+def gate(tag: str) -> None:
+    """Under --callgrind: say where the run is and wait for the parent to switch counting on or off."""
+    folder = os.environ.get(GATE_ENV)
+    if not folder:
+        return
+    print(f"GATE {tag}", flush=True)
+    go = Path(folder) / f"go-{tag}"
+    while not go.exists():
+        time.sleep(0.05)
+
+
+def callgrind(argv: list[str]) -> int:
+    """Re-run this script under valgrind (one pass), counting each shape's pass alone; print its instructions."""
+    folder = Path(tempfile.mkdtemp(prefix="cold-shape-cg-"))
+    out = folder / "cg.out"
+    args = [x for x in argv if x != "--callgrind"]
+    child = [sys.executable, str(Path(__file__).resolve()), *args, "--passes", "1"]
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *child],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, GATE_ENV: str(folder)},
+    )
+    assert proc.stdout is not None
+    order: list[str] = []
+    for line in proc.stdout:
+        if not line.startswith("GATE "):
+            print(line, end="", flush=True)
+            continue
+        tag = line.split()[1]
+        what, label = tag.split("-", 1)
+        pid = str(proc.pid)
+        if what == "start":
+            subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+            subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+            order.append(label)
+        else:
+            subprocess.run(["callgrind_control", f"--dump={label}", pid], check=True, capture_output=True)
+            subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+        (folder / f"go-{tag}").touch()
+    proc.wait()
+    totals: dict[str, int] = {}
+    for dump in folder.glob("cg.out.*"):
+        lines = dump.read_text(errors="replace").splitlines()
+        label = next((ln.rsplit(" ", 1)[-1].strip() for ln in lines if ln.startswith("desc: Trigger")), "")
+        totals[label] = next((int(ln.split()[1]) for ln in lines if ln.startswith(("summary:", "totals:"))), 0)
+    for label in order:
+        print(f"callgrind {label}: {totals.get(label, 0) / 1e6:,.1f} M instructions")
+    if not os.environ.get("COLD_SHAPE_KEEP"):
+        shutil.rmtree(folder, ignore_errors=True)
+    return proc.returncode
+
+
+def run(
+    state: ClusterState, passes: int, learn: int, policy: str, pods: list[PodInfo], labels: list[str] | None = None
+) -> tuple[list[float], str]:
     best = [float("inf")] * len(pods)
     h = hashlib.sha256()
     for p in range(passes):
         planner = learned_planner(state, learn, policy)
         for i, pod in enumerate(pods):
+            tag = f"{labels[i] if labels else i}".replace(" ", "_").replace("%", "pct").replace("+", "_")
+            gate(f"start-{tag}")
             t = time.process_time()
             ev = planner.evaluate(pod)
             prios = planner.priorities(ev)
             best[i] = min(best[i], time.process_time() - t)
+            gate(f"stop-{tag}")
             if p == 0:
                 digest_of(ev, prios, h)
     return best, h.hexdigest()[:16]
@@ -338,7 +408,10 @@ def main() -> int:
     ap.add_argument(
         "--where", action="store_true", help="each pass's full evaluations (replayed alone) against the pass"
     )
+    ap.add_argument("--callgrind", action="store_true", help="each shape's instructions, one pass under callgrind")
     args = ap.parse_args()
+    if args.callgrind:
+        return callgrind(sys.argv[1:])
     if args.rescorings:
         learn = 100 if args.learn == 1100 else args.learn
         for p in range(args.passes):
@@ -364,7 +437,7 @@ def main() -> int:
             )
             where(state, args.passes, args.learn, args.policy, labels, pods)
             continue
-        best, digest = run(state, args.passes, args.learn, args.policy, pods)
+        best, digest = run(state, args.passes, args.learn, args.policy, pods, labels)
         ms = [b * 1000 for b in best]
         print(
             f"{kind:6} {args.nodes} nodes x {args.gpus} GPUs ({distinct} distinct node states, {multisets} as multisets), policy {args.policy}: "
