@@ -1,0 +1,539 @@
+"""The extender's verbs against hostile input from a caller that passed mutual TLS: what they answer, and that what
+they leave behind (reservations, the planner's per-shape memos) answers the next honest call as a fresh service would.
+
+kube-scheduler sends each node once, but nothing stops a caller from sending a name many times, names that are no
+node, empty or 100,000-character names, odd pods, binds for pods never filtered or to nodes that left. What
+kube-scheduler does with an answer (kubernetes pkg/scheduler/extender.go, `HTTPExtender.Filter`, read at commit
+02850301e61b): every NodeName returned must have been asked ("claims a filtered node ... which is not found in the
+input node list" fails the whole call), FailedNodes and FailedAndUnresolvableNodes are maps, and any status but 200
+fails the verb (`send`: "failed %v with extender at URL %v, code %v"). So: returned names are asked names, a name is
+in one answer set only, duplicates change no verdict, and only BadRequest (HTTP 400) may leave a verb.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from scheduler_extender import schema
+from scheduler_extender.app import _serve
+from scheduler_extender.holds import DEFAULT_TTL_S
+from scheduler_extender.service import NO_INVENTORY, BadRequest, ExtenderService, ServiceOptions
+from tests.unit.test_extender_service import FakeBinder
+from vgpu import annotations as ann
+from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
+from vgpu.config import PlacementConfig
+from vgpu.devices import GpuDevice, NodeInventory
+from vgpu.state import ClusterState
+
+H100, T4 = 81920, 16384
+
+
+def _cluster(policy: str) -> ClusterState:
+    """Nodes where a 20-80 GiB slice fits (some partly used, so scores differ and tie), T4 nodes where it can never
+    fit (unresolvable) and full nodes where it does not fit now (failed)."""
+    state = ClusterState(PlacementConfig(node_policy=policy))
+    for i in range(14):
+        gpus = tuple(GpuDevice(f"GPU-n{i:02d}-{g}", g, "H100", H100) for g in range(1 + i % 3))
+        state.upsert_node(NodeInventory(f"n{i:02d}", gpus))
+    for i in range(2):
+        state.upsert_node(NodeInventory(f"t{i}", (GpuDevice(f"GPU-t{i}", 0, "T4", T4),)))
+        state.upsert_node(NodeInventory(f"full{i}", (GpuDevice(f"GPU-full{i}", 0, "H100", H100),)))
+        state.apply(f"ns/hog{i}", _slice(f"full{i}", f"GPU-full{i}", H100, 100))
+    for i, mib in enumerate((10000, 30000, 50000, 10000)):  # partly used: scores differ, two of them tie
+        state.apply(f"ns/part{i}", _slice(f"n{i:02d}", f"GPU-n{i:02d}-0", mib, 10))
+    return state
+
+
+def _slice(node: str, uuid: str, mib: int, cores: int) -> Assignment:
+    return Assignment(node, (ContainerAssignment("c", (DeviceSlice(uuid, 0, mib, cores),)),))
+
+
+def _pod(name: str, mib: int = 40000, cores: int = 50, *, count: int = 1, uid: str = "") -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(count), "nvidia.com/gpumem": str(mib), "nvidia.com/gpucores": str(cores)}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
+
+
+def _service(policy: str = "binpack", **options: Any) -> ExtenderService:
+    """A service whose clocks stand still (soft holds, bind grace, relearn interval): two services fed the same
+    calls decide the same however loaded the machine is."""
+    svc = ExtenderService(_cluster(policy), FakeBinder(), options=ServiceOptions(**options))
+    svc.holds.clock = svc.sync.clock = svc.learning.clock = lambda: 1000.0
+    return svc
+
+
+def _pods(svc: ExtenderService) -> dict[str, dict[str, Any]]:
+    """The pods the service's stand-in apiserver holds."""
+    assert isinstance(svc.binder, FakeBinder)
+    return svc.binder.pods
+
+
+def _fill(svc: ExtenderService, node: str) -> None:
+    """The pod watch shows a pod bound to `node` holding every GPU of it whole."""
+    gpus = svc.state.nodes[node].inventory.gpus
+    slices = tuple(DeviceSlice(g.uuid, g.index, g.memory_mib, 100) for g in gpus)
+    assignment = Assignment(node, (ContainerAssignment("c", slices),))
+    meta: dict[str, Any] = {"name": f"fill-{node}", "namespace": "ns", "uid": f"uid-fill-{node}"}
+    meta["annotations"] = {ann.POD_ASSIGNMENT: ann.encode_assignment(assignment)}
+    svc.pod_event("ADDED", {"metadata": meta, "spec": {"nodeName": node, "containers": []}})
+    assert svc.state.assignments[f"ns/fill-{node}"] == assignment
+
+
+def _names(svc: ExtenderService) -> list[str]:
+    return list(svc.state.nodes)
+
+
+def _filter(svc: ExtenderService, pod: dict[str, Any], names: list[str], *, items: bool = False) -> dict[str, Any]:
+    if items:
+        nodes = schema.NodeList(items=[{"metadata": {"name": n}} for n in names])
+        return svc.filter(schema.ExtenderArgs(Pod=copy.deepcopy(pod), Nodes=nodes))
+    return svc.filter(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=list(names)))
+
+
+def _passed(answer: dict[str, Any]) -> list[str]:
+    if answer["Nodes"] is not None:
+        return [n["metadata"]["name"] for n in answer["Nodes"]["items"]]
+    names: list[str] = answer["NodeNames"]
+    return names
+
+
+def _verdicts(answer: dict[str, Any], asked: list[str]) -> dict[str, tuple[str, str]]:
+    """Each asked name's verdict ("passed", "failed" or "unresolvable", with the reason), after checking what
+    kube-scheduler relies on: every returned name was asked, no name is in two answer sets, every name is answered."""
+    passed, failed, unresolvable = _passed(answer), answer["FailedNodes"], answer["FailedAndUnresolvableNodes"]
+    assert set(passed) <= set(asked), f"answered names never asked: {set(passed) - set(asked)}"
+    assert not set(passed) & set(failed), f"passed and failed: {set(passed) & set(failed)}"
+    assert not set(passed) & set(unresolvable), f"passed and unresolvable: {set(passed) & set(unresolvable)}"
+    assert not set(failed) & set(unresolvable), f"failed and unresolvable: {set(failed) & set(unresolvable)}"
+    out = {n: ("passed", "") for n in passed}
+    out.update({n: ("failed", why) for n, why in failed.items()})
+    out.update({n: ("unresolvable", why) for n, why in unresolvable.items()})
+    assert set(out) == set(asked), f"names asked and not answered: {set(asked) - set(out)}"
+    return out
+
+
+MODES: dict[str, dict[str, Any]] = {
+    "names": {},  # the shipped call: NodeNames in, the planner's filter_names / _filter_covered / _filter_every
+    "narrow": {"narrow_filter": True},  # the subset evaluation path (`_known_names`, `Planner.evaluate`, `passing`)
+    "items": {},  # the full NodeList mode
+}
+
+
+def _duplicated(names: list[str]) -> dict[str, list[str]]:
+    return {
+        "all-twice": names + names,
+        "one-name-many-times": [names[5]] * 50 + names,
+        "some-twice-scattered": [n for n in names for _ in range(1 + (len(n) + ord(n[-1])) % 2)],
+        "half-twice": names[::2] * 2,
+        "failed-and-unresolvable-twice": ["full0", "t0", "full0", "n04", "t0", "n04"],
+    }
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("case", list(_duplicated([f"n{i:02d}" for i in range(16)])))
+def test_a_list_with_duplicates_gets_the_verdicts_of_the_list_without_them(mode: str, warm: bool, case: str) -> None:
+    """Cold: the duplicated list is the shape's first call (its memo is made over it, `_Memo.names` holds names
+    twice). Warm: the shape's memo covers every node and its positions are kept (`Planner._positions`: an honest
+    call over every name went through `_filter_every` twice first). Either way the verdicts are those of a fresh
+    service asked each name once, and the honest call over every name afterwards answers as the fresh one does."""
+    items = mode == "items"
+    svc, fresh = _service(**MODES[mode]), _service(**MODES[mode])
+    every = _names(svc)
+    asked = _duplicated(every)[case]
+    pod = _pod("p")
+    if warm:
+        for s in (svc, fresh):
+            _filter(s, pod, every, items=items)
+            _filter(s, pod, every, items=items)
+    got = _verdicts(_filter(svc, pod, asked, items=items), asked)
+    want = _verdicts(_filter(fresh, pod, list(dict.fromkeys(asked)), items=items), list(dict.fromkeys(asked)))
+    assert got == want
+    # Again: cold, the names now equal the memo's own (`_filter_covered` asks `_positions` about them).
+    assert _verdicts(_filter(svc, pod, asked, items=items), asked) == want
+    for s in (svc, fresh):  # the watch shows a pod filling n05 (asked 50 times in one case): kept positions move
+        _fill(s, "n05")
+    want = _verdicts(_filter(fresh, pod, list(dict.fromkeys(asked)), items=items), list(dict.fromkeys(asked)))
+    assert _verdicts(_filter(svc, pod, asked, items=items), asked) == want
+    kinds = {v[0] for v in got.values()}
+    assert "passed" in kinds and kinds & {"failed", "unresolvable"}  # the case decides more than one way
+    for _ in range(2):  # the next honest calls: over the memo the hostile call left, then through its positions
+        assert _filter(svc, pod, every, items=items) == _filter(fresh, pod, every, items=items)
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "default"])
+@pytest.mark.parametrize("filtered_first", [False, True])
+def test_prioritize_scores_each_host_once_as_without_duplicates(policy: str, filtered_first: bool) -> None:
+    """kube-scheduler adds each HostPriority entry to its host's total (so a host listed twice would score twice):
+    every host is listed once, was asked, and scores as when each name is asked once. More than ten nodes fit, with
+    ties, so the rank mapping's cut at the tenth is crossed by names asked twice."""
+    svc, fresh = _service(policy), _service(policy)
+    every = _names(svc)
+    pod = _pod("p", 20000, 20)
+    if filtered_first:
+        for s in (svc, fresh):
+            _filter(s, pod, every)
+    for asked in (every + every[:6], every[::-1] + every[3:9] * 3, [every[2]] * 40, every[:4] * 2 + ["ghost", ""]):
+        got = svc.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=asked))
+        hosts = [h["Host"] for h in got]
+        assert len(hosts) == len(set(hosts)) and set(hosts) <= set(asked), hosts
+        want = fresh.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=list(dict.fromkeys(asked))))
+        assert {h["Host"]: h["Score"] for h in got} == {h["Host"]: h["Score"] for h in want}
+
+
+ODD_NAMES = ["", "ghost", "x" * 100_000, "n\u00f6de-\u2603", "n01 ", "N01", "n01\x00", "n01/../n02", "\U0001f600" * 50]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_names_that_are_no_node_fail_with_the_no_inventory_reason_and_are_not_remembered(mode: str) -> None:
+    """Empty, 100,000-character, unicode, near-miss (case, space, NUL) and made-up names each fail once with the
+    no-inventory reason, never as unresolvable (a node may join), beside real names answered as usual; afterwards
+    the honest call answers as a fresh service does (no such name entered a memo or the state)."""
+    items = mode == "items"
+    svc, fresh = _service(**MODES[mode]), _service(**MODES[mode])
+    every = _names(svc)
+    pod = _pod("p")
+    asked = ODD_NAMES + every[:8] + ODD_NAMES + every
+    got = _verdicts(_filter(svc, pod, asked, items=items), asked)
+    assert {n: got[n] for n in ODD_NAMES} == dict.fromkeys(ODD_NAMES, ("failed", NO_INVENTORY))
+    want = _verdicts(_filter(fresh, pod, every, items=items), every)
+    assert {n: got[n] for n in every} == want
+    assert _names(svc) == every
+    assert _filter(svc, pod, every, items=items) == _filter(fresh, pod, every, items=items)
+
+
+def test_the_count_of_names_is_bounded_and_the_refusal_says_by_what() -> None:
+    """--max-node-names (15,000) counts names as sent, duplicates included: 15,000 copies of one name are
+    answered (that name once, consistently), 15,001 or 100,000 names are a 400 naming the count and the setting."""
+    svc = _service()
+    pod = _pod("p")
+    answer = _filter(svc, pod, ["n05"] * 15_000)
+    assert _verdicts(answer, ["n05"]) == {"n05": ("passed", "")}
+    for verb in (svc.filter, svc.prioritize):
+        for count in (15_001, 100_000):
+            with pytest.raises(
+                BadRequest, match=rf"{count} nodes in one call; at most 15000 allowed \(--max-node-names\)"
+            ):
+                verb(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=["n05"] * count))
+    with pytest.raises(BadRequest, match="neither Nodes nor NodeNames"):
+        svc.filter(schema.ExtenderArgs(Pod=copy.deepcopy(pod)))
+
+
+# -- odd pods and odd bodies: a result or a 400 that names the field, never another exception (HTTP 500) ----------
+
+_FORGED = ann.encode_assignment(_slice("n05", "GPU-n05-0", H100, 100))
+
+
+def _odd_pods() -> dict[str, dict[str, Any]]:
+    def edit(change: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
+        pod = _pod("h", uid="uid-h")
+        change(pod)
+        return pod
+
+    def limits(pod: dict[str, Any]) -> dict[str, Any]:
+        found: dict[str, Any] = pod["spec"]["containers"][0]["resources"]["limits"]
+        return found
+
+    def annotate(annotations: dict[str, str]) -> Callable[[dict[str, Any]], object]:
+        return lambda pod: pod["metadata"].update(annotations=annotations)
+
+    return {
+        "no-metadata": edit(lambda p: p.pop("metadata")),
+        "no-spec": edit(lambda p: p.pop("spec")),
+        "no-uid-no-name": edit(lambda p: p.update(metadata={})),
+        "no-containers": edit(lambda p: p["spec"].update(containers=[])),
+        "null-fields": edit(lambda p: p.update(metadata=None, spec={"containers": None}, status=None)),
+        "containers-same-name": edit(
+            lambda p: p["spec"]["containers"].append(copy.deepcopy(p["spec"]["containers"][0]))
+        ),
+        "gpu-in-init-container": edit(
+            lambda p: p["spec"].update(initContainers=copy.deepcopy(p["spec"]["containers"]))
+        ),
+        "huge-annotation": edit(annotate({"a": "v" * 300_000})),
+        "forged-assignment": edit(annotate({ann.POD_ASSIGNMENT: _FORGED, ann.POD_BIND_PHASE: "allocated"})),
+        "garbage-assignment": edit(annotate({ann.POD_ASSIGNMENT: "{not json", ann.POD_BIND_PHASE: "??"})),
+        "unknown-node-policy": edit(annotate({ann.POD_NODE_POLICY: "nope"})),
+        "unknown-gpu-policy": edit(annotate({ann.POD_GPU_POLICY: "nope"})),
+        "odd-gpu-models": edit(annotate({ann.POD_USE_GPU_MODELS: ",,\u2603,"})),
+        "odd-nvlink": edit(annotate({ann.POD_REQUIRE_NVLINK: "maybe"})),
+        "odd-sizing": edit(annotate({ann.POD_MODEL_SERVER_SIZING: "{{{"})),
+        "says-bound": edit(lambda p: p["spec"].update(nodeName="n05")),
+        "says-bound-to-ghost": edit(lambda p: p["spec"].update(nodeName="ghost")),
+        "deleting": edit(lambda p: p["metadata"].update(deletionTimestamp="2020-01-01T00:00:00Z")),
+        "finished": edit(lambda p: p.update(status={"phase": "Succeeded"})),
+        "priority-a-string": edit(lambda p: p["spec"].update(priority="high")),
+        "priority-2^100": edit(lambda p: p["spec"].update(priority=2**100)),
+        "unicode-name": edit(lambda p: p["metadata"].update(name="\u2603" * 1000)),
+        "gpu-0": edit(lambda p: limits(p).update({"nvidia.com/gpu": "0"})),
+        "gpu-negative": edit(lambda p: limits(p).update({"nvidia.com/gpu": "-1"})),
+        "gpu-10^20": edit(lambda p: limits(p).update({"nvidia.com/gpu": "1" + "0" * 20})),
+        "gpu-a-number": edit(lambda p: limits(p).update({"nvidia.com/gpu": 1})),
+        "gpu-2^100": edit(lambda p: limits(p).update({"nvidia.com/gpu": 2**100})),
+        "gpu-arabic-digit": edit(lambda p: limits(p).update({"nvidia.com/gpu": "\u0661"})),
+        "mem-10^20": edit(lambda p: limits(p).update({"nvidia.com/gpumem": "1" + "0" * 20})),
+        "cores-1e308": edit(lambda p: limits(p).update({"nvidia.com/gpucores": 1e308})),
+    }
+
+
+def _lists(every: list[str]) -> dict[str, list[str]]:
+    return {"every": every, "twice": every + every, "empty-list": [], "odd-names": ODD_NAMES}
+
+
+@pytest.mark.parametrize("pod_case", list(_odd_pods()))
+def test_odd_pods_are_answered_or_refused_by_field_never_raised(pod_case: str) -> None:
+    """Each odd pod through the HTTP handler's own path (`scheduler_extender.app._serve`: the wire model, the pod's
+    field types, the verb) for /filter (names and NodeList modes) and /prioritize over every kind of name list, then
+    /bind of it: only results and BadRequest come out, a filter answer keeps kube-scheduler's rules, and the honest
+    pod's next calls answer as a fresh service's."""
+    pod = _odd_pods()[pod_case]
+    svc, fresh = _service(), _service()
+    for name, asked in _lists(_names(svc)).items():
+        bodies = {
+            "filter": {"Pod": pod, "NodeNames": asked},
+            "filter-items": {"Pod": pod, "Nodes": {"items": [{"metadata": {"name": n}} for n in asked]}},
+            "prioritize": {"Pod": pod, "NodeNames": asked},
+        }
+        for verb, body in bodies.items():
+            model, call = schema.ExtenderArgs, svc.prioritize if verb == "prioritize" else svc.filter
+            try:
+                out = _serve(json.dumps(body).encode(), verb.split("-")[0], model, call)
+            except BadRequest as exc:
+                assert str(exc).startswith(f"{verb.split('-')[0]}: "), exc
+                continue
+            if verb == "prioritize":
+                hosts = [h["Host"] for h in out]
+                assert len(hosts) == len(set(hosts)) and set(hosts) <= set(asked), (name, hosts)
+            else:
+                _verdicts(out, list(dict.fromkeys(asked)))
+    _pods(svc)["ns/h"] = copy.deepcopy(pod)
+    bind = {"PodName": "h", "PodNamespace": "ns", "PodUID": "uid-h", "Node": "n05"}
+    out = _serve(json.dumps(bind).encode(), "bind", schema.ExtenderBindingArgs, svc.bind)
+    assert set(out) == {"Error"}
+    _pods(svc).pop("ns/h")
+    if out["Error"] == "":  # bound: the fresh service gets the same pod bound, so the honest pod meets the same node
+        _pods(fresh)["ns/h"] = copy.deepcopy(pod)
+        assert fresh.bind(schema.ExtenderBindingArgs(**bind))["Error"] == ""
+    # /prioritize left the odd pod a soft hold, as for any pod (kube-scheduler's bodies are not checked against the
+    # apiserver there); a pod that never binds holds nothing once the hold's 5 s are over.
+    svc.holds.clock = fresh.holds.clock = lambda: 1000.0 + DEFAULT_TTL_S
+    _honest_round(svc, fresh, _pod("honest"))
+
+
+def _honest_round(svc: ExtenderService, fresh: ExtenderService, pod: dict[str, Any]) -> None:
+    """/filter over every node, /prioritize over what passed, /bind to the best: the same on both services."""
+    answers = []
+    for s in (svc, fresh):
+        f = _filter(s, pod, _names(s))
+        prios = s.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=list(f["NodeNames"])))
+        best = max(prios, key=lambda h: h["Score"])["Host"]
+        _pods(s)[f"ns/{pod['metadata']['name']}"] = copy.deepcopy(pod)
+        m = pod["metadata"]
+        err = s.bind(schema.ExtenderBindingArgs(PodName=m["name"], PodNamespace="ns", PodUID=m["uid"], Node=best))
+        answers.append((f, prios, best, err, sorted(s.state.assignments.items()), len(s.reservations)))
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"Pod": {}, "NodeNames": [1, 2]}, "filter: invalid ExtenderArgs: NodeNames.0: Input should be a valid string"),
+        ({"Pod": {}, "NodeNames": "n01"}, "filter: invalid ExtenderArgs: NodeNames: Input should be a valid array"),
+        ({"NodeNames": ["n01"]}, "filter: invalid ExtenderArgs: Pod: Field required"),
+        ({"Pod": [], "NodeNames": ["n01"]}, "filter: invalid ExtenderArgs: Pod: Input should be an object"),
+        ({"Pod": {}, "NodeNames": None, "Nodes": None}, "filter: the request carries neither Nodes nor NodeNames"),
+        (
+            {"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "n01"}}, {"metadata": {"name": 5}}]}},
+            "Nodes.items[1].metadata.name: expected a string",
+        ),
+        ({"Pod": {}, "Nodes": {"items": [{"metadata": "n01"}]}}, "Nodes.items[0].metadata.name: expected a string"),
+        ({"Pod": {"metadata": "x"}, "NodeNames": []}, "filter: invalid ExtenderArgs: Pod.metadata: expected an object"),
+        (
+            {"Pod": {"spec": {"containers": [{"name": "c", "resources": {"limits": []}}]}}, "NodeNames": []},
+            "Pod.spec.containers[0].resources.limits: expected an object, got an array",
+        ),
+        (
+            {"Pod": {"metadata": {"annotations": {ann.POD_ASSIGNMENT: {"node": "n01"}}}}, "NodeNames": []},
+            "Pod.metadata.annotations['vgpu.io/assignment']: expected a string, got an object",
+        ),
+    ],
+)
+def test_malformed_bodies_are_a_400_that_names_the_field(body: dict[str, Any], says: str) -> None:
+    svc = _service()
+    with pytest.raises(BadRequest) as refused:
+        _serve(json.dumps(body).encode(), "filter", schema.ExtenderArgs, svc.filter)
+    assert says in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"PodName": "", "PodNamespace": "ns", "Node": "n01"}, "PodName: String should have at least 1 character"),
+        ({"PodName": "p", "PodNamespace": "ns", "Node": ""}, "Node: String should have at least 1 character"),
+        ({"PodName": "p", "PodNamespace": "ns"}, "Node: Field required"),
+        ({"PodName": ["p"], "PodNamespace": "ns", "Node": "n01"}, "PodName: Input should be a valid string"),
+    ],
+)
+def test_malformed_binds_are_a_400_that_names_the_field(body: dict[str, Any], says: str) -> None:
+    svc = _service()
+    with pytest.raises(BadRequest, match="bind: invalid ExtenderBindingArgs") as refused:
+        _serve(json.dumps(body).encode(), "bind", schema.ExtenderBindingArgs, svc.bind)
+    assert says in str(refused.value)
+
+
+def test_a_forged_assignment_in_a_filter_body_changes_neither_the_answer_nor_the_state() -> None:
+    """vgpu.io/assignment and bind-phase in a /filter body are the caller's text, not the apiserver's: the pod is
+    answered as the same pod without them, and no slice is taken or freed."""
+    svc, fresh = _service(), _service()
+    forged = _pod("p")
+    forged["metadata"]["annotations"] = {ann.POD_ASSIGNMENT: _FORGED, ann.POD_BIND_PHASE: "allocated"}
+    forged["spec"]["nodeName"] = ""
+    before = dict(svc.state.assignments)
+    assert _filter(svc, forged, _names(svc)) == _filter(fresh, _pod("p"), _names(fresh))
+    assert svc.state.assignments == before
+
+
+# -- /bind: refusals name the pod, the node and why, and change nothing -------------------------------------------
+
+
+def _bind_args(pod: dict[str, Any], node: str, **override: str) -> schema.ExtenderBindingArgs:
+    m = pod["metadata"]
+    fields = {"PodName": m["name"], "PodNamespace": "ns", "PodUID": m["uid"], "Node": node, **override}
+    return schema.ExtenderBindingArgs(**fields)
+
+
+BIND_REFUSALS: dict[str, tuple[str, dict[str, str], str]] = {
+    # case: (node, fields overridden, what the error says besides the pod and the node)
+    "node-never-known": ("ghost", {}, f"no longer fits: {NO_INVENTORY}"),
+    "node-name-unicode": ("n\u00f6de-\u2603", {}, f"no longer fits: {NO_INVENTORY}"),
+    "node-name-long": ("n" * 10_000, {}, f"no longer fits: {NO_INVENTORY}"),
+    "node-left": ("n07", {}, f"no longer fits: {NO_INVENTORY}"),
+    "node-full": (
+        "full0",
+        {},
+        "no longer fits: container 'c' needs 1 vGPU(s) of 40000 MiB/50% cores; 0 of 1 GPUs can host one (GPU memory full on 1)",
+    ),
+    "card-too-small": (
+        "t1",
+        {},
+        "no longer fits: container 'c' needs 1 vGPU(s) of 40000 MiB/50% cores; 0 of 1 GPUs can host one (card too small on 1)",
+    ),
+    "pod-not-in-apiserver": ("n05", {"PodName": "nobody"}, "pod not found"),
+    "uid-mismatch": ("n05", {"PodUID": "forged"}, "the pod's UID is uid-p, the bind names forged; refused"),
+}
+
+
+@pytest.mark.parametrize("case", list(BIND_REFUSALS))
+@pytest.mark.parametrize("filtered", [False, True], ids=["never-filtered", "filtered"])
+def test_a_refused_bind_names_what_was_wrong_and_leaves_the_state_as_it_was(case: str, filtered: bool) -> None:
+    """Binds for a pod never filtered, or filtered and then bound elsewhere than /filter answered: to no node, a
+    node that left, a node where it does not fit, for a pod the apiserver lacks or under another UID. Each is
+    refused with the pod, the node and the reason, holds no slice, and the next honest pod is placed as on a fresh
+    service that saw the same node leave."""
+    node, override, says = BIND_REFUSALS[case]
+    svc, fresh = _service(), _service()
+    pod = _pod("p")
+    _pods(svc)["ns/p"] = copy.deepcopy(pod)
+    if filtered:
+        _filter(svc, pod, _names(svc)[:6])  # the bind then names a node this /filter was not asked about
+    if case == "node-left":
+        for s in (svc, fresh):
+            s.node_event("DELETED", {"metadata": {"name": "n07"}})
+    before = dict(svc.state.assignments)
+    args = _bind_args(pod, node, **override)
+    error = svc.bind(args)["Error"]
+    assert error == f"bind ns/{args.PodName} to {node}: {says}".replace("%", " percent")
+    assert svc.state.assignments == before and not len(svc.reservations) and not svc.sync.unbound
+    fresh_pod = copy.deepcopy(pod)
+    _pods(fresh)["ns/p"] = fresh_pod
+    if filtered:
+        _filter(fresh, pod, _names(fresh)[:6])
+    _honest_round(svc, fresh, _pod("honest"))
+
+
+def test_a_bind_for_a_pod_never_filtered_to_a_node_no_filter_answered_binds_where_it_fits() -> None:
+    """kube-scheduler binds to a node of its own choosing (its filter plugins and scores add to ours), so /bind
+    decides on fresh state alone, not on what /filter last answered: a node the last /filter was not asked about,
+    for a pod /filter never saw, binds there when the pod fits; the slices are the ones a fit there takes."""
+    svc = _service()
+    seen, unseen = _pod("seen"), _pod("unseen")
+    for p in (seen, unseen):
+        _pods(svc)[f"ns/{p['metadata']['name']}"] = copy.deepcopy(p)
+    _filter(svc, seen, ["n04", "n05"])
+    assert svc.bind(_bind_args(unseen, "n10"))["Error"] == ""
+    assert svc.state.assignments["ns/unseen"].node == "n10" and not len(svc.reservations)
+    assert svc.bind(_bind_args(unseen, "n11"))["Error"].startswith("bind ns/unseen to n11: already bound to n10")
+
+
+# -- hostile calls interleaved with an honest workload ------------------------------------------------------------
+
+
+def _workload(policy: str, options: dict[str, Any], seed: int, hostile: bool) -> list[object]:
+    """40 pods of four shapes, each filtered over every node, prioritized over what passed and bound to the best,
+    while nodes leave and join and pods are deleted. With `hostile`, before each honest pod: one to four calls of
+    a caller sending duplicated, halved, unknown, empty and NodeList names for that pod, /prioritize over names
+    twice, and binds refused for a node that is none, a pod that is none and a UID that is not the pod's. The trace
+    of the honest calls' answers, the state and the binds in flight must not tell the two runs apart."""
+    svc = _service(policy, **options)
+    trace: list[object] = []
+    rng = random.Random(seed)
+    shapes = [(20000, 30), (40000, 50), (H100, 100), (8000, 10)]
+    for r in range(40):
+        names = _names(svc)
+        mib, cores = shapes[r % len(shapes)]
+        pod = _pod(f"p{r}", mib, cores)
+        _pods(svc)[f"ns/p{r}"] = copy.deepcopy(pod)
+        if hostile:
+            for _ in range(rng.randint(1, 4)):
+                kind = rng.choice(["dups", "first-many", "half-twice", "unknown", "empty", "items", "prio", "binds"])
+                asked = {
+                    "dups": names + rng.sample(names, k=5),
+                    "first-many": [names[0]] * 7 + names + names,
+                    "half-twice": rng.sample(names, k=len(names) // 2) * 2,
+                    "unknown": [*names, "ghost", "", "x" * 300, names[1] + " ", *names[:3]],
+                    "empty": [],
+                }.get(kind, names)
+                if kind == "items":
+                    _filter(svc, pod, asked + asked[:4], items=True)
+                elif kind == "prio":
+                    svc.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=asked + asked[:6] + ["x"]))
+                elif kind == "binds":
+                    assert svc.bind(_bind_args(pod, "ghost", PodUID="forged"))["Error"]
+                    assert svc.bind(_bind_args(pod, names[0], PodName="nobody", PodUID="u"))["Error"]
+                    assert svc.bind(_bind_args(pod, names[0], PodUID="forged"))["Error"]
+                else:
+                    _filter(svc, pod, asked)
+        answer = _filter(svc, pod, names)
+        trace.append(("filter", r, answer))
+        prios = svc.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=list(answer["NodeNames"])))
+        trace.append(("prioritize", r, prios))
+        best = max(prios, key=lambda h: h["Score"])["Host"] if prios else (answer["NodeNames"] or [None])[0]
+        if best is not None:
+            trace.append(("bind", r, best, svc.bind(_bind_args(pod, best))["Error"]))
+        if r % 7 == 3:  # a node leaves
+            svc.node_event("DELETED", {"metadata": {"name": names[(r * 5) % len(names)]}})
+        if r % 11 == 5:  # a node joins
+            inventory = ann.encode_inventory((GpuDevice(f"GPU-new{r}", 0, "H100", H100),))
+            svc.node_event("ADDED", {"metadata": {"name": f"new{r}", "annotations": {ann.NODE_INVENTORY: inventory}}})
+        if r % 9 == 8 and f"ns/p{r - 4}" in _pods(svc):  # a pod is deleted
+            svc.pod_event("DELETED", _pods(svc)[f"ns/p{r - 4}"])
+    trace.append(("state", sorted(svc.state.assignments.items()), len(svc.reservations), dict(svc.sync.unbound)))
+    return trace
+
+
+@pytest.mark.parametrize("policy", ["binpack", "default"])
+@pytest.mark.parametrize("options", [{}, {"narrow_filter": True}, {"filter_answers_one": True}], ids=str)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hostile_calls_leave_the_honest_workload_placed_as_without_them(
+    policy: str, options: dict[str, Any], seed: int
+) -> None:
+    honest = _workload(policy, options, seed, hostile=False)
+    for a, b in zip(honest, _workload(policy, options, seed, hostile=True), strict=True):
+        assert a == b
