@@ -537,3 +537,25 @@ def test_hostile_calls_leave_the_honest_workload_placed_as_without_them(
     honest = _workload(policy, options, seed, hostile=False)
     for a, b in zip(honest, _workload(policy, options, seed, hostile=True), strict=True):
         assert a == b
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_the_pod_itself_filtered_again_frees_its_unbound_reservation_and_a_bound_body_frees_nothing(verb: str) -> None:
+    """What a fix of a forged body freeing another pod's reservation must keep (docs/extender.md): the pod that
+    holds an unbound reservation (an earlier release's assignment written before its Binding), scheduled again under
+    its own UID, was not bound, so its slices are released before it is scored; a body saying the pod is bound never
+    frees anything."""
+    svc = _service()
+    legacy = _pod("legacy", uid="uid-legacy")
+    legacy["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(_slice("n05", "GPU-n05-0", H100, 100))
+    }
+    svc.pod_event("ADDED", copy.deepcopy(legacy))
+    assert "ns/legacy" in svc.sync.unbound
+    call = svc.filter if verb == "filter" else svc.prioritize
+    says_bound = _pod("legacy", uid="uid-legacy")
+    says_bound["spec"]["nodeName"] = "n05"
+    call(schema.ExtenderArgs(Pod=says_bound, NodeNames=_names(svc)))
+    assert "ns/legacy" in svc.state.assignments
+    call(schema.ExtenderArgs(Pod=_pod("legacy", uid="uid-legacy"), NodeNames=_names(svc)))
+    assert "ns/legacy" not in svc.state.assignments and "ns/legacy" not in svc.sync.unbound
