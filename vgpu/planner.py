@@ -73,6 +73,9 @@ class _Memo:
     # its NodeNames are `names` less those, cut out by slices, where each of 5,000 fresh names was looked up.
     positions: dict[str, int] | None = None
     out_at: set[int] | None = None
+    # `Planner._absent`'s answer for this memo's pods, with the (policy, GPU order) it was made for: every pod of the
+    # memo's key has the same shape, container names, policy, epoch and config, so the same stand-in and caches.
+    absent: tuple[NodePolicy, GpuRank, _Absent | None] | None = None
 
     def __post_init__(self) -> None:
         self.keys = RankKeys(self.evaluation.scores)
@@ -651,10 +654,15 @@ class Planner:
         classes: Classes | None = None,
         *,
         view: NodeState | None = None,
+        record: bool = True,
     ) -> NodeResult:
         """`classes` (with `memo`): node classes already evaluated for this shape, policy and epoch; a node of a known
         class takes its class's answer on its own GPUs, the first of a class records it (see `_Shared`). `view`: the
-        node to evaluate instead of the state's (uncached callers only: no memo, no classes)."""
+        node to evaluate instead of the state's (uncached callers only: no memo, no classes). `record` False (the warm
+        path's re-evaluation of a node a bind changed): a known class still answers, but a node evaluated afresh records
+        nothing. Such a node is in a state no other node of the shape met: in the warm loop (planner_profile.py warm)
+        none of 579 re-evaluated nodes was in a class met before, nor in one met by a coarser key (per GPU its slot,
+        free share, prefill and sharers; the host), so `_share` and `_share_tied` were work no node read."""
         node = self.state.nodes.get(node_name) if view is None else view
         if node is None:
             return NodeResult(None, failure=FitFailure("node has no vGPU inventory (device plugin not running?)"))
@@ -680,6 +688,8 @@ class Planner:
                 ckey = None
             reqs = pod.request.containers
             multi = len(reqs) != 1 or reqs[0].count != 1
+            if not record:
+                ckey = None
         node_rank = getattr(policy, "node_gpu_rank", None)  # optional: see NodeAwareRank
         if node_rank is not None and rank == policy.gpu_rank:
             rank = node_rank(node, pod)  # the policy orders GPUs knowing the whole node
@@ -1457,9 +1467,14 @@ class Planner:
         evaluation as it was when each bind was refreshed in turn."""
         ev = memo.evaluation
         order = sorted(due)
-        absent = self._absent(pod, policy, rank)
+        kept = memo.absent
+        if kept is not None and kept[0] is policy and kept[1] == rank:
+            absent = kept[2]  # (its classes only grow in a pass, which never goes through the stand-in)
+        else:
+            absent = self._absent(pod, policy, rank)
+            memo.absent = (policy, rank, absent)
         for name in order:
-            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes, absent))
+            self._record(ev, name, self._cached(cache, name, pod, policy, rank, fits, classes, absent, record=False))
         out_at = memo.out_at
         if out_at is not None:
             assert memo.positions is not None
@@ -1486,9 +1501,12 @@ class Planner:
         fits: ShapeMemo,
         classes: Classes | None,
         absent: _Absent | None = None,
+        *,
+        record: bool = True,
     ) -> NodeResult:
         """The node's result from the cache, evaluated and kept there when the node changed; `absent` (`_absent`): on a
-        node that runs neither model, from the shared evaluation of the pod with no node's model (scored for `pod`)."""
+        node that runs neither model, from the shared evaluation of the pod with no node's model (scored for `pod`).
+        `record`: a node evaluated afresh records its class's answer (see `_evaluate`)."""
         node = self.state.nodes.get(name)
         evaluated = pod
         if absent is not None and node is not None:
@@ -1498,7 +1516,7 @@ class Planner:
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
             return self._drawn(name, pod, policy, hit[1])
-        result = self._evaluate(name, evaluated, policy, rank, fits, classes)
+        result = self._evaluate(name, evaluated, policy, rank, fits, classes, record=record)
         if node is not None:
             cache[name] = (node.version, result)
         return self._drawn(name, pod, policy, result)
