@@ -66,11 +66,17 @@ def filter_result(
 
 
 def _events_safe(reasons: dict[str, str]) -> dict[str, str]:
-    """`event_safe` of every reason; a copy in C when no reason has a `%` (a few distinct reasons for thousands of
-    nodes: a call per node cost more than the no-GPU request's whole JSON work)."""
-    if any("%" in why for why in set(reasons.values())):
+    """`event_safe` of every reason. A few distinct reasons cover thousands of nodes, so each distinct one is
+    converted once and the answer built in C (`zip`/`map`): a call per node took 2.7 of a full cluster's 4.8 ms
+    /filter, as nearly every failure reason names an SM share ("50% cores"). A copy when no reason has a `%`; one
+    call per node when most reasons differ."""
+    distinct = set(reasons.values())
+    if not any("%" in why for why in distinct):
+        return dict(reasons)
+    if 2 * len(distinct) > len(reasons):  # mostly distinct: the table would only add its lookups
         return {node: event_safe(why) for node, why in reasons.items()}
-    return dict(reasons)
+    safe = {why: event_safe(why) for why in distinct}
+    return dict(zip(reasons, map(safe.__getitem__, reasons.values()), strict=True))
 
 
 def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
