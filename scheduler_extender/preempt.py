@@ -236,7 +236,8 @@ def victims_result(
 ) -> dict[str, dict[str, Any]]:
     """NodeNameToMetaVictims for the nodes kube-scheduler offered (`given`: node -> (victim UIDs, PDB violations)).
     Nodes still unexamined after `budget_s` are left out, so the answer comes inside kube-scheduler's httpTimeout
-    (a full node of 8 GPUs x 10 sharers takes up to ~55 ms; kube-scheduler offers up to 100 candidates)."""
+    (a full node of 8 GPUs x 10 sharers takes up to ~55 ms; kube-scheduler offers up to 100 candidates). A pod
+    naming an unknown placement policy gets no node (as one that can never fit), never an error."""
     out: dict[str, dict[str, Any]] = {}
     by_uid = {m.uid: k for k, m in books.pods.items() if m.uid}
     until = clock() + budget_s
@@ -254,7 +255,13 @@ def victims_result(
             for k in keys
             if books.pods[k].uid
         }
-        rank = planner.rank_on(node, pod)
+        try:
+            rank = planner.rank_on(node, pod)
+        except UnknownPolicyError as exc:
+            # Annotations are mutable and the webhook acts on CREATE: a pod naming no known policy fits nowhere, as
+            # its /filter said (every node unresolvable), so no victim set can help it.
+            log.info("preempt: pod can never fit", extra={"pod": pod.key, "error": str(exc)})
+            return {}
         choice = choose_victims(node, pod, state.config, rank, facts, priority)
         if choice is None:
             if uids and isinstance(fit_node(node, pod, state.config, rank), NodePlacement):

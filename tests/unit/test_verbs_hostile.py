@@ -559,3 +559,15 @@ def test_the_pod_itself_filtered_again_frees_its_unbound_reservation_and_a_bound
     assert "ns/legacy" in svc.state.assignments
     call(schema.ExtenderArgs(Pod=_pod("legacy", uid="uid-legacy"), NodeNames=_names(svc)))
     assert "ns/legacy" not in svc.state.assignments and "ns/legacy" not in svc.sync.unbound
+
+
+def test_preempt_for_a_pod_naming_an_unknown_policy_answers_no_node_instead_of_raising() -> None:
+    """A pod annotated vgpu.io/node-policy: nope after admission (annotations are mutable; the webhook acts on CREATE)
+    gets every node unresolvable from /filter, so kube-scheduler calls /preempt for it. Parsing it succeeds, the
+    policy is resolved only in victims_result (Planner.rank_on): UnknownPolicyError escaped there (HTTP 500)."""
+    svc = _service()
+    pod = _pod("p")
+    pod["metadata"]["annotations"] = {ann.POD_NODE_POLICY: "nope"}
+    _pods(svc)["ns/p"] = copy.deepcopy(pod)
+    args = schema.ExtenderPreemptionArgs(Pod=pod, NodeNameToMetaVictims={"full0": {"Pods": [{"UID": "uid-hog0"}]}})
+    assert svc.preempt(args) == {"NodeNameToMetaVictims": {}}
