@@ -225,19 +225,30 @@ def fit_node(
         # position only repeats the stable order of equal keys (indices are unique on a node), so no GpuUsage is ever
         # compared. A `StateRank` is asked once per state (the slice is the state's too).
         candidates: list[tuple[float, float, int, int, GpuUsage, int, int]] = []
-        ranks: dict[int, float] = {}
-        for (mem, cores, _, base), pos, u, key in hosts:
-            dev = u.device
-            by_role: float = -0.5 if near and base == 0 and dev.uuid in near else base
-            if state_rank:
+        if state_rank and not near:  # (most fits) the role order is the state's; the rank asked once per state
+            ranks: dict[int, float] = {}
+            for (mem, cores, _, base), pos, u, key in hosts:
                 r = ranks.get(key)
                 if r is None:
                     r = ranks[key] = rank(u, mem, cores, pod)
-            else:
-                r = rank(u, mem, cores, pod)
-            candidates.append((by_role, r, dev.index, pos, u, mem, cores))
-        candidates.sort()
-        chosen = candidates[: req.count]
+                candidates.append((base, r, u.device.index, pos, u, mem, cores))
+        else:
+            ranks = {}
+            for (mem, cores, _, base), pos, u, key in hosts:
+                dev = u.device
+                by_role: float = -0.5 if near and base == 0 and dev.uuid in near else base
+                if state_rank:
+                    r = ranks.get(key)
+                    if r is None:
+                        r = ranks[key] = rank(u, mem, cores, pod)
+                else:
+                    r = rank(u, mem, cores, pod)
+                candidates.append((by_role, r, dev.index, pos, u, mem, cores))
+        if req.count == 1:  # the least candidate (keys never equal: the position differs), without sorting them all
+            chosen = [min(candidates)]
+        else:
+            candidates.sort()
+            chosen = candidates[: req.count]
         if req.count > 1 and (config.topology or pod.require_nvlink):
             link = Link.NONE  # a flat node has no NVLink, and every set is as good as the policy's first
             if not topo.flat:

@@ -21,13 +21,13 @@ from vgpu.config import RoleRules
 from vgpu.devices import GpuDevice, NodeInventory
 from vgpu.fit import NodePlacement, ShapeMemo, counterpart, fit_node
 from vgpu.placement import role_score
-from vgpu.placement.fgd import Fgd, quantized
+from vgpu.placement.fgd import Fgd, _FragRank, quantized
 from vgpu.placement.frag import FragModel, TaskShape
 from vgpu.placement.fragaware import FragAware
-from vgpu.placement.gpushare import MILLI, host_after, host_free, node_frees, slice_milli
+from vgpu.placement.gpushare import MILLI, free_milli, host_after, host_free, node_frees, slice_milli
 from vgpu.pod import PodInfo
 from vgpu.roles import Role
-from vgpu.state import ClusterState, HostUse, NodeState
+from vgpu.state import ClusterState, Holder, HostUse, NodeState
 
 
 def _same(a: float, b: float) -> bool:
@@ -128,6 +128,40 @@ def test_growth_is_the_plain_fragmentation_after_less_before(seed: int) -> None:
             want = _plain_frag(model, node, after, host[2], host[3]) - _plain_frag(model, node, frees, host[0], host[1])
             assert _same(model.growth(node, sig, free, take, host), want), (sig, free, take, host)
             assert _same(model.growths(node, sig, host).of(node, free, take), want)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_fragmentation_after_several_gpus_give_is_the_plain_sum(seed: int) -> None:
+    """`Growths.frag_after` (fgd's score of a placement of several slices) swaps the changed GPUs' terms in the
+    table's integers: the plain fragmentation of the frees after, bit for bit; None only where the changed GPUs held
+    every largest free."""
+    rng = random.Random(seed)
+    answered = declined = 0
+    for _ in range(30):
+        model = FragModel(_workload(rng))
+        nodes = [_bare_node(rng, f"n{k}") for k in range(8)]
+        for _ in range(60):
+            node = rng.choice(nodes)
+            frees = _frees(rng, len(node.gpus))
+            sig = tuple(sorted(frees))
+            cpu, mem = rng.choice(((1 << 40, 1 << 40), (4000, 8192), (64000, 200000)))
+            host = (cpu, mem, cpu - rng.choice((0, 1000)), mem - rng.choice((0, 4096)))
+            table = model.growths(node, sig, host)
+            if rng.random() < 0.5:  # a table that grew first, or one asked this first
+                table.of(node, frees[0], 100)
+            at = rng.sample(range(len(frees)), rng.randint(1, len(frees)))
+            takes = [rng.choice((100, 250, 300, 500, 1000, rng.randint(1, 1000))) for _ in at]
+            after = list(frees)
+            for i, t in zip(at, takes, strict=True):
+                after[i] = max(0, frees[i] - t)
+            got = table.frag_after(node, [(frees[i], t) for i, t in zip(at, takes, strict=True)])
+            if got is None:
+                assert sum(frees[i] == max(frees) for i in at) == frees.count(max(frees))
+                declined += 1
+                continue
+            assert _same(got, _plain_frag(model, node, after, host[2], host[3])), (frees, at, takes, host)
+            answered += 1
+    assert answered > 500 and declined > 50, (answered, declined)
 
 
 def _one_slice_pods(rng: random.Random, n: int) -> list[PodInfo]:
@@ -323,3 +357,48 @@ def test_the_random_clusters_hold_what_the_fast_paths_meet() -> None:
     assert any(len({u.device.memory_mib for u in n.gpus}) > 1 for n in nodes)
     assert any(u.holders and u.holders[0].model is not None for n in nodes for u in n.gpus)
     assert len({u.state_id for n in nodes for u in n.gpus}) < sum(len(n.gpus) for n in nodes)
+
+
+def _odd_node(rng: random.Random, name: str) -> NodeState:
+    """A node whose GPUs are filled by memory or by SMs, some past their capacity (an over-committing config, or
+    the slices of a restart's replay), with other SM capacities than 100."""
+    model = rng.choice(("H100", "A100"))
+    size = 81920 if model == "H100" else 40960
+    cores = rng.choice((100, 50, 30))
+    gpus = tuple(
+        GpuDevice(uuid=f"{name}-g{i}", index=i, model=model, memory_mib=size, cores=cores, split_count=8)
+        for i in range(rng.choice((1, 2, 4, 8)))
+    )
+    node = NodeState.of(NodeInventory(name=name, gpus=gpus))
+    for u in node.gpus:
+        for k in range(rng.choice((0, 1, 2, 3))):
+            mem = rng.choice((0, 1000, size // 4, size // 2, size))
+            held = rng.choice((0, 10, cores // 3, cores, cores * 2))
+            u.add(Holder(f"p{k}", rng.choice(list(Role)), None, mem, held))
+    return node
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_frees_terms_and_the_gpu_order_s_take_are_the_plain_formulas(seed: int) -> None:
+    """`node_frees`, the headroom's per-GPU terms and fgd's GPU order work out `free_milli`, `GpuUsage.used_share` and
+    `slice_milli` inline: the same numbers on GPUs filled by memory or by SMs, past capacity, and for slices larger
+    than the card (a config that scales memory or SMs up)."""
+    rng = random.Random(seed)
+    model = FragModel(_workload(rng))
+    for k in range(200):
+        node = _odd_node(rng, f"n{k}")
+        assert node_frees(node) == tuple(free_milli(u) for u in node.gpus)
+        terms = role_score._terms(node)
+        plain = tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus)
+        assert all(_same(a, b) for a, b in zip(terms, plain, strict=True)), (terms, plain)
+        policy = Fgd()
+        policy._model = model
+        pod = _one_slice_pods(rng, 1)[0]
+        rank = policy.node_gpu_rank(node, pod)
+        assert isinstance(rank, _FragRank)
+        for u in node.gpus:
+            mem = rng.choice((0, 1000, u.device.memory_mib // 3, u.device.memory_mib, 2 * u.device.memory_mib))
+            cores = rng.choice((0, 1, u.device.cores // 2, u.device.cores, 3 * u.device.cores))
+            take = slice_milli(mem, cores, u)
+            want = model.growth(node, rank.sig, rank.frees[node.positions[u.device.uuid]], take, rank.host)
+            assert _same(rank(u, mem, cores, pod), -quantized(want)), (mem, cores, take)

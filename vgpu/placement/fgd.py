@@ -101,6 +101,21 @@ class Fgd:
             before = None if table is None else table.before
             if before is None:
                 before = model.frag_sorted(node, rank.sig, rank.host[0], rank.host[1])
+            host = rank.host
+            if table is not None and cpu == host[2] and mem == host[3]:
+                # The table's integers with the placement's GPUs swapped (`frees_after`'s takes, summed per GPU):
+                # no sorted frees or memo key, the same float.
+                taken: dict[str, int] = {}
+                by_uuid = node.by_uuid
+                for c in containers:
+                    for d in c.devices:
+                        card = by_uuid[d.uuid].device
+                        t = min(MILLI, max(-(-d.memory_mib * MILLI // card.memory_mib), d.cores * MILLI // card.cores))
+                        taken[d.uuid] = taken.get(d.uuid, 0) + t  # slice_milli
+                frees, pos = rank.frees, rank.pos
+                after = table.frag_after(node, [(frees[pos[uuid]], t) for uuid, t in taken.items()])
+                if after is not None:
+                    return after - before
             return model.frag(node, frees_after(node, placement), cpu, mem) - before
         inv = node.inventory
         if (pod.cpu_milli and not inv.cpu_milli) or (pod.memory_mib and not inv.memory_mib):
@@ -147,7 +162,12 @@ class _FragRank(StateRank):
 
     def __call__(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
         d = u.device
-        take = min(MILLI, max(-(-memory_mib * MILLI // d.memory_mib), cores * MILLI // d.cores))  # slice_milli
+        take = -(-memory_mib * MILLI // d.memory_mib)  # slice_milli, its min and max as comparisons of the same ints
+        by_cores = cores * MILLI // d.cores
+        if by_cores > take:
+            take = by_cores
+        if take > MILLI:
+            take = MILLI
         key = (self.frees[self.pos[d.uuid]], take)
         hit = self.seen.get(key)
         if hit is not None:

@@ -200,12 +200,16 @@ class Growths:
     take), with the nodes' own fragmentation worked out once (`before`). `node`: any node of those (the model reads
     its first GPU's model, size and SM capacity, which the table's key holds)."""
 
-    __slots__ = ("before", "by", "host", "model", "sig")
+    __slots__ = ("after", "before", "by", "host", "model", "sig")
 
     def __init__(self, model: FragModel, sig: tuple[int, ...], host: tuple[int, int, int, int]) -> None:
         self.model, self.sig, self.host = model, sig, host
         self.before: float | None = None
         self.by: dict[tuple[int, int], float] = {}
+        # What `frag_sorted` reads of the signature once one GPU changed, worked out from `sig` on the first `grow`:
+        # (the after-plan's tasks each with the sum of `sig`'s frees below its milli, idle, whole cards, the largest
+        # free and the next one).
+        self.after: tuple[list[tuple[float, int, int, int]], int, int, int, int, int] | None = None
 
     def of(self, node: NodeState, free: int, take: int) -> float:
         hit = self.by.get((free, take))
@@ -214,15 +218,39 @@ class Growths:
         return hit
 
     def grow(self, node: NodeState, free: int, take: int) -> float:
-        """`frag` after less `frag` before: the two `frag_sorted` calls `growth` always made, so the same float."""
+        """`frag` after less `frag` before: the two `frag_sorted` calls `growth` always made, so the same float.
+
+        The after-signature differs from `sig` in one GPU (`free` -> `new`), so each of `frag_sorted`'s integers
+        (idle, whole cards, the largest free, the frees below a task's milli) is `sig`'s with that one GPU's term
+        swapped, without sorting the changed frees or a memo key (ints: the same numbers, and the same products summed
+        in the same workload order, so the same float)."""
         sig, host, model = self.sig, self.host, self.model
-        after = list(sig)
-        after[sig.index(free)] = max(0, free - take)
-        after.sort()
         before = self.before
         if before is None:
             before = self.before = model.frag_sorted(node, sig, host[0], host[1])
-        hit = model.frag_sorted(node, tuple(after), host[2], host[3]) - before
+        after = self.after
+        if after is None:
+            after = self.after = self._after(node)
+        tasks, idle, full, top, second, _ = after
+        new = free - take if free > take else 0
+        idle += new - free
+        out = 0.0
+        if idle:  # `frag_sorted`'s loop, on the changed integers
+            full += (new >= MILLI) - (free >= MILLI)
+            biggest = top if free != top else (second if second > new else new)
+            whole = MILLI
+            for p, milli, count, below in tasks:
+                if full < count or biggest < milli:
+                    out += p * idle
+                elif milli >= whole:
+                    out += p * (idle - full * whole)
+                else:
+                    if free < milli:
+                        below -= free
+                    if new < milli:
+                        below += new
+                    out += p * below
+        hit = out - before
         by = self.by
         if len(by) >= _TABLE_LIMIT:
             by.clear()
@@ -232,3 +260,50 @@ class Growths:
             model._growth.clear()  # this table goes too; the caller's answer stands
             model.growth_entries = 0
         return hit
+
+    def frag_after(self, node: NodeState, changes: Sequence[tuple[int, int]]) -> float | None:
+        """`frag` of a node of this table once each GPU in `changes` ((its free, the milli taken from it), one entry a
+        GPU) gives that much and the host has the room after (`host[2:]`): `grow`'s integers with several GPUs'
+        terms swapped, so the same float as `frag_sorted` on the sorted frees after. None where the changed GPUs held
+        every largest free (the largest after would need the others sorted): the caller works it out in full."""
+        after = self.after
+        if after is None:
+            after = self.after = self._after(node)
+        tasks, idle, full, top, _, tops = after
+        news = []
+        for free, take in changes:
+            if free == top:
+                tops -= 1
+                if not tops:
+                    return None
+            new = free - take if free > take else 0
+            idle += new - free
+            full += (new >= MILLI) - (free >= MILLI)
+            news.append((free, new))
+        out = 0.0
+        if idle:
+            whole = MILLI
+            for p, milli, count, below in tasks:
+                if full < count or top < milli:  # a GPU that holds `top` is left: still the largest
+                    out += p * idle
+                elif milli >= whole:
+                    out += p * (idle - full * whole)
+                else:
+                    for free, new in news:
+                        if free < milli:
+                            below -= free
+                        if new < milli:
+                            below += new
+                    out += p * below
+        return out
+
+    def _after(self, node: NodeState) -> tuple[list[tuple[float, int, int, int]], int, int, int, int, int]:
+        """`grow`'s per-table part: the plan for the host room after (each task with `sig`'s frees below its milli),
+        `sig`'s idle sum, whole cards, largest free, the one after it (-1 with one GPU) and how many hold the largest."""
+        sig = self.sig
+        below = list(itertools.accumulate(sig, initial=0))
+        at = bisect.bisect_left
+        tasks = [(p, milli, count, below[at(sig, milli)]) for p, milli, count in self.model._plan(node, *self.host[2:])]
+        full = len(sig) - at(sig, MILLI)
+        top = sig[-1]
+        return tasks, below[-1], full, top, sig[-2] if len(sig) > 1 else -1, len(sig) - at(sig, top)

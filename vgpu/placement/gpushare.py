@@ -29,7 +29,14 @@ def node_frees(node: NodeState) -> tuple[int, ...]:
     memo = node.frees_memo
     if memo is not None and memo[0] == node.version:
         return memo[1]
-    frees = tuple(free_milli(u) for u in node.gpus)
+    out = []
+    for u in node.gpus:  # `free_milli` written out: no call per GPU (once a node version, every node a pass orders)
+        d = u.device
+        mem = (d.memory_mib - u.memory_used) * MILLI // d.memory_mib
+        cores = (d.cores - u.cores_used) * MILLI // d.cores
+        free = mem if mem < cores else cores
+        out.append(free if free > 0 else 0)
+    frees = tuple(out)
     node.frees_memo = (node.version, frees)
     return frees
 

@@ -88,7 +88,15 @@ def headroom_one(node: NodeState, u: GpuUsage, memory_mib: int, cores: int, rule
 def _terms(node: NodeState) -> tuple[float, ...]:
     memo = node.free_terms_memo
     if memo is None or memo[0] != node.version:
-        memo = node.free_terms_memo = (node.version, tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus))
+        # `GpuUsage.used_share` written out (the same two divisions and max, so the same floats) without a property
+        # call and a generator frame per GPU: once per node version, for every node a class answer gives headroom.
+        terms = []
+        for u in node.gpus:
+            d = u.device
+            mem, cores = u.memory_used / d.memory_mib, u.cores_used / d.cores
+            used = mem if mem >= cores else cores
+            terms.append(1.0 - used if used < 1.0 else 0.0)
+        memo = node.free_terms_memo = (node.version, tuple(terms))
     return memo[1]
 
 
