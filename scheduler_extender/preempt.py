@@ -286,22 +286,29 @@ def given_victims(
     args_meta: Mapping[str, Any] | None, args_full: Mapping[str, Any] | None
 ) -> dict[str, tuple[list[str], int]]:
     """node -> (victim UIDs, NumPDBViolations) from either form of ExtenderPreemptionArgs (Go field names, matched
-    case-insensitively as Go's encoding/json does)."""
+    case-insensitively as Go's encoding/json does). The wire model refuses wrong types with a 400
+    (scheduler_extender.schema); a body made without it still never raises here: a victim that is not an object, or
+    has no string UID, is skipped."""
     out: dict[str, tuple[list[str], int]] = {}
     source = args_meta if args_meta is not None else (args_full or {})
     for node, victims in source.items():
         v = {str(k).lower(): val for k, val in (victims or {}).items()} if isinstance(victims, Mapping) else {}
-        pods = v.get("pods") or []
+        pods = v.get("pods")
         uids: list[str] = []
-        for p in pods:
+        for p in pods if isinstance(pods, list) else ():
             if not isinstance(p, Mapping):
                 continue
             if args_meta is not None:
                 uid = next((val for k, val in p.items() if str(k).lower() == "uid"), "")
             else:
-                uid = (p.get("metadata") or {}).get("uid") or ""
-            if uid:
-                uids.append(str(uid))
+                meta = next((val for k, val in p.items() if str(k).lower() == "metadata"), None)
+                uid = (
+                    next((val for k, val in meta.items() if str(k).lower() == "uid"), "")
+                    if isinstance(meta, Mapping)
+                    else ""
+                )
+            if isinstance(uid, str) and uid:
+                uids.append(uid)
         n = v.get("numpdbviolations") or 0
         out[str(node)] = (uids, n if isinstance(n, int) else 0)
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Wire(BaseModel):
@@ -35,9 +35,74 @@ class ExtenderBindingArgs(_Wire):
 
 
 class ExtenderPreemptionArgs(_Wire):
+    """The victims stay plain JSON (their Go field names match case-insensitively, as Go's encoding/json matches
+    them: scheduler_extender.preempt.given_victims), but their types are checked here, so a body Go would not
+    decode either (`Pods: 5`, a victim's `metadata` a string) is a 400 naming the field, not an error deep in the
+    verb."""
+
     Pod: dict[str, Any]
     NodeNameToVictims: dict[str, Any] | None = None
     NodeNameToMetaVictims: dict[str, Any] | None = None
+
+    @field_validator("NodeNameToVictims")
+    @classmethod
+    def _full(cls, victims: dict[str, Any] | None) -> dict[str, Any] | None:
+        _check_victims(victims, meta=False)
+        return victims
+
+    @field_validator("NodeNameToMetaVictims")
+    @classmethod
+    def _meta(cls, victims: dict[str, Any] | None) -> dict[str, Any] | None:
+        _check_victims(victims, meta=True)
+        return victims
+
+
+def _json_type(value: object) -> str:
+    kinds = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _field(obj: dict[str, Any], name: str) -> object:
+    """`obj`'s field `name`, its key matched case-insensitively (Go's encoding/json); None when absent."""
+    return next((v for k, v in obj.items() if k.lower() == name.lower()), None)
+
+
+def _check_victims(victims: dict[str, Any] | None, *, meta: bool) -> None:
+    """extender/v1 Victims {Pods []*v1.Pod, NumPDBViolations int64} or MetaVictims {Pods []*MetaPod{UID string},
+    NumPDBViolations int64} per node; null anywhere Go allows a nil. Raises ValueError naming the first wrong field."""
+    for node, v in (victims or {}).items():
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise ValueError(f"{node}: expected an object (Pods, NumPDBViolations), got {_json_type(v)}")
+        pods = _field(v, "Pods")
+        if pods is not None and not isinstance(pods, list):
+            raise ValueError(f"{node}.Pods: expected an array of pods, got {_json_type(pods)}")
+        violations = _field(v, "NumPDBViolations")
+        if violations is not None and (isinstance(violations, bool) or not isinstance(violations, int)):
+            raise ValueError(f"{node}.NumPDBViolations: expected an integer, got {_json_type(violations)}")
+        for i, pod in enumerate(pods or []):
+            if pod is None:
+                continue
+            if not isinstance(pod, dict):
+                raise ValueError(f"{node}.Pods[{i}]: expected an object, got {_json_type(pod)}")
+            where, holder = (
+                (f"{node}.Pods[{i}]", pod) if meta else (f"{node}.Pods[{i}].metadata", _field(pod, "metadata"))
+            )
+            if holder is None:
+                continue
+            if not isinstance(holder, dict):
+                raise ValueError(f"{where}: expected an object, got {_json_type(holder)}")
+            uid = _field(holder, "UID")
+            if uid is not None and not isinstance(uid, str):
+                raise ValueError(f"{where}.UID: expected a string, got {_json_type(uid)}")
 
 
 def event_safe(text: str) -> str:

@@ -23,6 +23,7 @@ import pytest
 from scheduler_extender import schema
 from scheduler_extender.app import _serve
 from scheduler_extender.holds import DEFAULT_TTL_S
+from scheduler_extender.preempt import given_victims
 from scheduler_extender.service import NO_INVENTORY, BadRequest, ExtenderService, ServiceOptions
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
@@ -571,3 +572,70 @@ def test_preempt_for_a_pod_naming_an_unknown_policy_answers_no_node_instead_of_r
     _pods(svc)["ns/p"] = copy.deepcopy(pod)
     args = schema.ExtenderPreemptionArgs(Pod=pod, NodeNameToMetaVictims={"full0": {"Pods": [{"UID": "uid-hog0"}]}})
     assert svc.preempt(args) == {"NodeNameToMetaVictims": {}}
+
+
+@pytest.mark.parametrize(
+    ("victims", "says"),
+    [
+        ({"NodeNameToMetaVictims": {"full0": {"Pods": 5}}}, "full0.Pods: expected an array of pods, got a number"),
+        ({"NodeNameToMetaVictims": {"full0": {"Pods": True}}}, "full0.Pods: expected an array of pods, got a boolean"),
+        ({"NodeNameToMetaVictims": {"full0": {"pods": 1.5}}}, "full0.Pods: expected an array of pods, got a number"),
+        ({"NodeNameToVictims": {"full0": {"Pods": 3}}}, "full0.Pods: expected an array of pods, got a number"),
+        ({"NodeNameToVictims": {"full0": {"Pods": [{"metadata": "x"}]}}}, "full0.Pods[0].metadata: expected an object"),
+        (
+            {"NodeNameToVictims": {"full0": {"Pods": [{"metadata": ["u"]}]}}},
+            "full0.Pods[0].metadata: expected an object",
+        ),
+        ({"NodeNameToMetaVictims": {"full0": {"Pods": [{"UID": 7}]}}}, "full0.Pods[0].UID: expected a string"),
+        ({"NodeNameToMetaVictims": {"full0": {"Pods": ["u"]}}}, "full0.Pods[0]: expected an object, got a string"),
+        ({"NodeNameToMetaVictims": {"full0": []}}, "full0: expected an object (Pods, NumPDBViolations), got an array"),
+    ],
+    ids=[
+        "meta-pods-int",
+        "meta-pods-bool",
+        "meta-pods-float-lowercase-key",
+        "pods-int",
+        "pod-metadata-string",
+        "pod-metadata-list",
+        "meta-uid-int",
+        "meta-pod-string",
+        "node-list",
+    ],
+)
+def test_preempt_victims_of_the_wrong_json_type_are_a_400_naming_the_field(victims: dict[str, Any], says: str) -> None:
+    """scheduler_extender.preempt.given_victims iterated `Pods` whatever its type and called .get on a victim's
+    metadata: TypeError / AttributeError, HTTP 500, before the pod was even looked at. Go's encoding/json would not
+    decode such a body either: a 400 that names the field."""
+    svc = _service()
+    pod = _pod("p")
+    _pods(svc)["ns/p"] = copy.deepcopy(pod)
+    body = json.dumps({"Pod": pod, **victims}).encode()
+    with pytest.raises(BadRequest) as refused:
+        _serve(body, "preempt", schema.ExtenderPreemptionArgs, svc.preempt)
+    assert str(refused.value).startswith("preempt: invalid ExtenderPreemptionArgs: NodeNameTo"), refused.value
+    assert says in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize(
+    ("victims", "uids"),
+    [
+        ({"full0": {"Pods": 5}}, []),
+        (
+            {"full0": {"Pods": [{"metadata": "x"}, 3, None, {"metadata": {"uid": 9}}, {"Metadata": {"UID": "u1"}}]}},
+            ["u1"],
+        ),
+        ({"full0": "x", "full1": None, "t0": {"Pods": [{"metadata": ["uid"]}], "NumPDBViolations": "2"}}, []),
+    ],
+    ids=["pods-int", "odd-victims", "odd-nodes"],
+)
+def test_given_victims_skips_what_is_not_a_victim_when_the_wire_model_was_bypassed(
+    victims: dict[str, Any], uids: list[str]
+) -> None:
+    """The verb's own reading never raises on a body the wire model did not check (model_construct): what is not a
+    victim with a string UID is skipped; keys match case-insensitively, as Go's encoding/json matches them."""
+    got = given_victims(None, victims)
+    assert set(got) == set(victims)
+    assert all(n == 0 for _, n in got.values())
+    assert [u for uids, _ in got.values() for u in uids] == (
+        ["u1"] if "odd-victims" in str(victims) or "u1" in str(victims) else []
+    )
