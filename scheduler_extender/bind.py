@@ -88,14 +88,18 @@ class BindVerb:
         answer_by = now + self.timeout_s - ANSWER_MARGIN_S
         calls_by = min(answer_by - check_budget(self.timeout_s), self.lease_until())
         with self.lock:
-            if self.holds is not None:
-                self.holds.drop(key)  # from here on the reservation, or kube-scheduler's next attempt, decides
             seen = self.watched.get(key) if self.watched is not None else None
         if calls_by - now < deadline.MIN_CALL_S:
             return self._bind_failed(key, args.Node, "this replica's lease ends before a bind could finish; refused")
         try:
             with deadline.within(calls_by):
                 pod = self._pod_to_bind(args, key, seen)
+            with self.lock:
+                # The pod is the one named, under its UID: from here on the reservation, or kube-scheduler's next
+                # attempt, decides, so its soft hold goes. A bind refused before this (no such pod, another UID)
+                # leaves the real pod's hold: it is about to be bound there.
+                if self.holds is not None:
+                    self.holds.drop(key)
             info = self._parse_to_bind(pod)
             with self.lock:
                 if self.claims is None or info.request.is_empty:

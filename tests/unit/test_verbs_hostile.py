@@ -639,3 +639,30 @@ def test_given_victims_skips_what_is_not_a_victim_when_the_wire_model_was_bypass
     assert [u for uids, _ in got.values() for u in uids] == (
         ["u1"] if "odd-victims" in str(victims) or "u1" in str(victims) else []
     )
+
+
+def _whole_gpu_cluster() -> ClusterState:
+    state = ClusterState()
+    for n in ("a", "b", "c"):
+        state.upsert_node(NodeInventory(n, (GpuDevice(f"GPU-{n}", 0, "H100", H100),)))
+    return state
+
+
+def test_a_bind_refused_for_another_uid_leaves_the_real_pods_soft_hold() -> None:
+    """BindVerb.bind dropped the named pod's soft hold before reading the pod: a bind refused because its PodUID is
+    not the pod's ended the real pod's hold, so the next pod of the shape is ranked onto the GPU the real pod is
+    about to be bound to (the collision holds exist to prevent)."""
+    answers = []
+    for hostile in (False, True):
+        svc = ExtenderService(_whole_gpu_cluster(), FakeBinder())
+        svc.holds.clock = lambda: 1000.0
+        p, q = _pod("p", H100, 100), _pod("q", H100, 100)
+        for pod in (p, q):
+            _pods(svc)[f"ns/{pod['metadata']['name']}"] = copy.deepcopy(pod)
+        f = _filter(svc, p, ["a", "b", "c"])
+        svc.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(p), NodeNames=f["NodeNames"]))
+        if hostile:
+            assert "the bind names forged; refused" in svc.bind(_bind_args(p, "zzz", PodUID="forged"))["Error"]
+        f = _filter(svc, q, ["a", "b", "c"])
+        answers.append(svc.prioritize(schema.ExtenderArgs(Pod=copy.deepcopy(q), NodeNames=f["NodeNames"])))
+    assert answers[1] == answers[0]
