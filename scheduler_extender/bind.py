@@ -259,9 +259,17 @@ def held_pod(
     """The pod as the apiserver holds it under namespace/name, never a body a caller sent: `seen`, the watch's latest
     version, when it carries `uid`, else read now with one GET (under the caller's deadline: scheduler_extender.
     deadline); `fallback` when the apiserver has none (the file source: the body /filter last saw). Raises NotHeld
-    for a pod that cannot be read, is missing, carries another UID than `uid` (when given), is bound already or is
-    being deleted (docs/extender.md, "Security")."""
-    pod = seen if seen is not None and uid and pod_uid(seen) == uid else None
+    for a pod that cannot be read, is missing, carries another UID than `uid`, is bound already or is being deleted
+    (docs/extender.md, "Security"), and for a call naming no UID: kube-scheduler always sends one (kubernetes
+    pkg/scheduler/schedule_one.go `extendersBinding` builds the Binding with `UID: pod.UID`, and pkg/scheduler/
+    extender.go `HTTPExtender.Bind` sends it as `PodUID: binding.UID`; read in the v1.25+ source, where
+    `extendersBinding` lives in schedule_one.go), so without one "the pod's UID must equal PodUID" cannot hold and
+    whatever pod has the name now would be bound."""
+    if not uid:
+        raise NotHeld(
+            f"the {verb} names no pod UID (PodUID); the pod's UID must equal it, refused", reason="uid-mismatch"
+        )
+    pod = seen if seen is not None and pod_uid(seen) == uid else None
     if pod is None:
         try:
             pod = binder.get_pod(namespace=namespace, name=name)
@@ -272,7 +280,7 @@ def held_pod(
         if pod is None:
             raise NotHeld("pod not found", reason="pod-missing")
     held = pod_uid(pod)
-    if uid and held != uid:
+    if held != uid:
         raise NotHeld(f"the pod's UID is {held or 'unset'}, the {verb} names {uid}; refused", reason="uid-mismatch")
     if bound_to := bound_node(pod):
         raise NotHeld(f"already bound to {bound_to}; a bound pod is never bound again", reason="pod-bound")

@@ -89,7 +89,7 @@ def test_bind_refuses_a_uid_the_apiserver_does_not_hold_and_an_unreadable_pod() 
         raise ConnectionError("apiserver unreachable")
 
     binder.get_pod = broken  # type: ignore[method-assign]
-    assert "cannot read the pod from the apiserver" in _bind(svc, "p", "a", "")
+    assert "cannot read the pod from the apiserver" in _bind(svc, "p", "a", str(uuid.uuid4()))
     assert svc.state.assignments == {}
 
 
