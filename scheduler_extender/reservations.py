@@ -129,23 +129,30 @@ class Reservations:
         the slices it held, unless the watch has shown the pod bound meanwhile."""
         if self._unknown.pop(key, None) is None or key not in self.sync.unbound:
             return
-        del self.sync.unbound[key]
+        self.sync.drop_unbound(key)
         if self.state.release(key) is not None:
             self.sync.settle()
             self._freed()
 
     def release_stale(self, info: PodInfo) -> None:
         """Before evaluating a pod: expire reservations past their grace, and drop this pod's own unbound
-        reservation, which an earlier bind of it left without its Binding (it is being scheduled again)."""
+        reservation, which an earlier bind of it left without its Binding (it is being scheduled again).
+
+        Only the pod itself: the body's UID must be the UID of the pod the watch showed holding the reservation.
+        A /filter or /prioritize body is the caller's, not the apiserver's; naming another pod's namespace/name
+        under another UID freed that pod's slices, and the next pod could be placed onto them while its Binding
+        may still land."""
         self.expire()
         if (
             info.key in self.sync.unbound
             and not info.node_name
+            and info.uid
+            and info.uid == self.sync.unbound_uid(info.key)
             and info.key not in self._inflight
             and info.key not in self._unknown
         ):
             # Only an unbound reservation: a /filter body naming a bound pod never frees that pod's slices.
-            del self.sync.unbound[info.key]
+            self.sync.drop_unbound(info.key)
             self.state.release(info.key)
 
     def expire(self) -> None:

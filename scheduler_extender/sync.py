@@ -23,7 +23,7 @@ from vgpu import cordon, kubelet_topology
 from vgpu.claims import Claim, order_key, settle
 from vgpu.devices import NodeInventory
 from vgpu.errors import CapacityError, CodecError
-from vgpu.pod import bound_node, is_finished, pod_key
+from vgpu.pod import bound_node, is_finished, pod_key, pod_uid
 from vgpu.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ class StateSync:
         self.clock = clock
         # Assignments written by a bind whose Binding we have not seen: key -> when they stop counting.
         self.unbound: dict[str, float] = {}
+        # The UID of the pod whose unbound assignment the watch showed (`unbound_uid`): only that pod, filtered
+        # again, may drop the reservation early (scheduler_extender.reservations.Reservations.release_stale).
+        self._unbound_uids: dict[str, str] = {}
         # key -> when this extender first saw the pod's unbound reservation (or made it): the deadline's start.
         # Kept after the reservation expired, so rewriting the annotation never buys a new grace.
         self.first_seen: dict[str, float] = {}
@@ -144,6 +147,7 @@ class StateSync:
             return
         if bound:
             self.unbound.pop(key, None)
+            self._unbound_uids.pop(key, None)
             self.first_seen.pop(key, None)
         elif not self._is_inflight(key):
             # An assignment on an unbound pod: ours arrive with the Binding, so an extender of an earlier release
@@ -153,10 +157,12 @@ class StateSync:
             deadline = self.first_seen.setdefault(key, now) + self.bind_grace_s
             if deadline <= now:
                 self.unbound.pop(key, None)
+                self._unbound_uids.pop(key, None)
                 self.contested.pop(key, None)
                 self._release(key)
                 return
             self.unbound[key] = deadline
+            self._unbound_uids[key] = pod_uid(pod)
         current = self.state.assignments.get(key) or self.state.orphans.get(key)
         if current == assignment:
             return
@@ -187,9 +193,19 @@ class StateSync:
     def hold_unbound(self, key: str) -> None:
         """Keep this pod's slices as an unbound reservation until the bind grace, from our own bind's start."""
         self.unbound[key] = self.first_seen.setdefault(key, self.clock()) + self.bind_grace_s
+        self._unbound_uids.pop(key, None)  # ours: only the watch or a fence settles it (Reservations.unsettled)
+
+    def unbound_uid(self, key: str) -> str:
+        """The UID of the pod the watch showed holding this unbound reservation; "" for our own binds' (and none)."""
+        return self._unbound_uids.get(key, "") if key in self.unbound else ""
+
+    def drop_unbound(self, key: str) -> None:
+        """The reservation is no longer unbound-held (settled, fenced or dropped by its own pod's return)."""
+        self.unbound.pop(key, None)
+        self._unbound_uids.pop(key, None)
 
     def _forget(self, key: str) -> None:
-        self.unbound.pop(key, None)
+        self.drop_unbound(key)
         self.first_seen.pop(key, None)
         self.contested.pop(key, None)
 
@@ -215,7 +231,7 @@ class StateSync:
         now = self.clock()
         expired = [k for k, deadline in self.unbound.items() if deadline <= now and not self._is_inflight(k)]
         for key in expired:
-            del self.unbound[key]
+            self.drop_unbound(key)
             if self.state.assignments.get(key) is not None or key in self.state.orphans:
                 self._release(key)
                 log.info("released the reservation of a bind that never completed", extra={"pod": key})

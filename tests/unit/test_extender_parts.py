@@ -26,6 +26,7 @@ from scheduler_extender.settings import load
 from scheduler_extender.sync import StateSync
 from tests.unit.test_extender_leader import MemoryLease
 from tests.unit.test_extender_service import _pod, _running, _state
+from vgpu import annotations as ann
 from vgpu.errors import RequestError, UnknownPolicyError
 from vgpu.planner import Planner
 from vgpu.pod import PodInfo, bound_node, is_finished, pod_info, pod_key, pod_uid
@@ -238,14 +239,20 @@ def test_release_stale_drops_only_the_pods_own_unbound_reservation_and_expire_fr
     reservations, state, freed, _counts = _reservations(grace=30)
     now = [100.0]
     reservations.sync.clock = lambda: now[0]
-    info = _info("p", 50)
+    pod = _pod("p", 50)
+    info = pod_info(pod)
     assert reservations.reserve("ns/p", "a", info) is not None
     reservations.bound("ns/p")
-    reservations.sync.unbound["ns/p"] = 130.0  # as the watch records an assignment whose Binding never landed
-    assert "ns/p" in state.assignments
-    bound = pod_info({**_pod("p", 50), "metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "a"}})
+    # The watch shows the pod unbound with the assignment: its Binding never landed.
+    pod["metadata"]["annotations"] = {ann.POD_ASSIGNMENT: ann.encode_assignment(state.assignments["ns/p"])}
+    reservations.sync.pod_event("MODIFIED", pod)
+    assert reservations.sync.unbound == {"ns/p": 130.0} and "ns/p" in state.assignments
+    bound = pod_info({**pod, "spec": {**pod["spec"], "nodeName": "a"}})
     reservations.release_stale(bound)  # a body naming a bound pod never frees its slices
     assert "ns/p" in state.assignments
+    forged = pod_info({**pod, "metadata": {**pod["metadata"], "uid": "forged"}})
+    reservations.release_stale(forged)  # nor one under another UID than the pod the watch showed
+    assert "ns/p" in state.assignments and "ns/p" in reservations.sync.unbound
     reservations.release_stale(info)  # scheduled again: its earlier bind failed
     assert "ns/p" not in state.assignments and "ns/p" not in reservations.sync.unbound and freed == []
     reservations.reserve("ns/q", "a", _info("q", 50))

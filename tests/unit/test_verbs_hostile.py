@@ -677,3 +677,22 @@ def test_a_bind_without_a_pod_uid_is_refused_as_documented() -> None:
     error = svc.bind(schema.ExtenderBindingArgs(PodName="p", PodNamespace="ns", Node="n05"))["Error"]
     assert error == "bind ns/p to n05: the bind names no pod UID (PodUID); the pod's UID must equal it, refused"
     assert "ns/p" not in svc.state.assignments and not len(svc.reservations) and not svc.sync.unbound
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_a_forged_body_does_not_free_another_pods_unbound_reservation(verb: str) -> None:
+    """Reservations.release_stale dropped the unbound reservation kept under the body's namespace/name (an
+    assignment an earlier extender release wrote before its Binding, which may still land) without comparing the
+    body's UID with the pod's: any caller naming that pod freed its slices, and the next pod could be placed onto
+    them. The pod itself, under its own UID, still frees them (the test above)."""
+    svc = _service()
+    legacy = _pod("legacy", uid="uid-legacy")
+    legacy["metadata"]["annotations"] = {
+        ann.POD_ASSIGNMENT: ann.encode_assignment(_slice("n05", "GPU-n05-0", H100, 100))
+    }
+    svc.pod_event("ADDED", legacy)
+    assert "ns/legacy" in svc.state.assignments and "ns/legacy" in svc.sync.unbound
+    forged = _pod("legacy", uid="uid-forged")
+    call = svc.filter if verb == "filter" else svc.prioritize
+    call(schema.ExtenderArgs(Pod=forged, NodeNames=_names(svc)))
+    assert "ns/legacy" in svc.state.assignments
