@@ -76,6 +76,9 @@ class BindVerb:
     # Pods that preempted for room hold it against lower-priority pods (scheduler_extender.preempt), here as at
     # /filter: a pod filtered just before a nomination became known must not bind into the room either.
     claims: Callable[[Mapping[str, Any], PodInfo], AbstractContextManager[Held]] | None = None
+    # Told the UID of a pod this replica is about to bind, once the pod is read under it, under the lock
+    # (scheduler_extender.learning.Learning.binding: the watch showing it bound must not feed learning again).
+    binding: Callable[[str], None] | None = None
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName, never a pod body a caller sent: the spec is
@@ -100,6 +103,8 @@ class BindVerb:
                 # leaves the real pod's hold: it is about to be bound there.
                 if self.holds is not None:
                     self.holds.drop(key)
+                if self.binding is not None:
+                    self.binding(pod_uid(pod))
             info = self._parse_to_bind(pod)
             with self.lock:
                 if self.claims is None or info.request.is_empty:
