@@ -222,7 +222,7 @@ class ExtenderMetrics:
         self.requeue_nudges = Counter(
             "vgpu_extender_requeue_nudges",
             "Nudges (vgpu.io/requeue) of pending pods after capacity freed, by outcome: sent, gone (404/409),"
-            " error, coalesced (already queued), dropped (over --requeue-max-pods)",
+            " error, coalesced (already queued); none is dropped: over --requeue-max-pods an interval, they wait",
             ["outcome"],
             registry=self.rest,
         )

@@ -8,7 +8,11 @@ update of the pod, which moves it out of that pool, and this time /filter sees t
 
 The patches run on a worker thread, outside the state lock and off the watch thread. Requests coalesce: a pod is
 nudged at most once per `interval_s` (a later request is deferred to the end of the interval, never dropped), and
-one release queues at most `max_pods` pods (0 disables the feature).
+at most `max_pods` nudges go out per `interval_s` (0 disables the feature): the rest wait, earliest due first, for
+the next interval, never dropped. Dropping what was over `max_pods` on each release let the first `max_pods` pods
+rejected take every release's nudges for ever (made-up pods /filter rejected never leave scheduler_extender.pending
+through a watch event): a real pod rejected after them was never nudged. What waits is bounded by what is pending
+(scheduler_extender.pending.MAX_PENDING).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Requeuer:
         self._cond = threading.Condition()
         self._due: dict[str, tuple[str, float]] = {}  # pod key -> (UID, when to nudge it)
         self._last: dict[str, float] = {}  # pod key -> when it was last nudged
+        # The current interval's start and how many nudges it sent: at most `max_pods` an interval.
+        self._window: tuple[float, int] = (float("-inf"), 0)
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -62,16 +68,14 @@ class Requeuer:
     # -- called by the service (under its lock): cheap, no I/O --------------------------------------------------
 
     def request(self, pods: Iterable[tuple[str, str]]) -> int:
-        """Queue a nudge for these pending pods (key, UID), oldest first; returns how many were queued."""
+        """Queue a nudge for these pending pods (key, UID), oldest first; returns how many were queued. None is
+        dropped: the worker sends at most `max_pods` an interval, earliest due first (`take_due`)."""
         if not self.enabled:
             return 0
         now = self.clock()
-        queued = dropped = 0
+        queued = 0
         with self._cond:
             for key, uid in pods:
-                if queued >= self.max_pods:
-                    dropped += 1
-                    continue
                 queued += 1
                 if key in self._due:
                     self._due[key] = (uid, self._due[key][1])  # already queued: coalesced
@@ -79,7 +83,6 @@ class Requeuer:
                     continue
                 self._due[key] = (uid, max(now, self._last.get(key, float("-inf")) + self.interval_s))
             self._cond.notify()
-        self._count("dropped", dropped)
         return queued
 
     def forget(self, key: str) -> None:
@@ -93,10 +96,26 @@ class Requeuer:
 
     # -- the worker ----------------------------------------------------------------------------------------------
 
+    def _room(self, now: float) -> int:
+        """How many nudges the current interval may still send (a new interval starts once the last is over)."""
+        start, sent = self._window
+        if now - start >= self.interval_s:
+            self._window = (now, 0)
+            return self.max_pods
+        return max(self.max_pods - sent, 0)
+
     def take_due(self, now: float | None = None) -> list[tuple[str, str]]:
+        """The nudges due now, earliest due first (the oldest rejection among equals), at most what the interval
+        has room for; the rest stay queued."""
         now = self.clock() if now is None else now
         with self._cond:
-            out = [(key, uid) for key, (uid, due) in self._due.items() if due <= now]
+            due = [(when, key, uid) for key, (uid, when) in self._due.items() if when <= now]
+            room = self._room(now) if due else 0
+            due.sort(key=lambda d: d[0])  # stable: queue order among equal times
+            out = [(key, uid) for _, key, uid in due[:room]]
+            if out:
+                start, sent = self._window
+                self._window = (start, sent + len(out))
             for key, _ in out:
                 del self._due[key]
                 self._last[key] = now
@@ -129,7 +148,12 @@ class Requeuer:
             if not self._due:
                 self._cond.wait()
                 return
-            delay = min(due for _, due in self._due.values()) - self.clock()
+            now = self.clock()
+            start, sent = self._window
+            if sent >= self.max_pods and now - start < self.interval_s:  # this interval's nudges are spent
+                self._cond.wait(start + self.interval_s - now)
+                return
+            delay = min(due for _, due in self._due.values()) - now
             if delay > 0:
                 self._cond.wait(delay)
 

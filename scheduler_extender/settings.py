@@ -110,7 +110,10 @@ class ExtenderSettings(BaseModel):
     requeue_max_pods: int = Field(
         default=50,
         ge=0,
-        description="when capacity frees, nudge at most this many pending pods so kube-scheduler retries them; 0 = off",
+        description=(
+            "when capacity frees, nudge the pending pods so kube-scheduler retries them, at most this many per "
+            "--requeue-interval-seconds (the rest wait for the next interval); 0 = off"
+        ),
     )
     requeue_interval_seconds: float = Field(
         default=2.0,

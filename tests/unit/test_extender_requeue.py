@@ -106,12 +106,19 @@ def test_a_burst_of_releases_nudges_each_pod_once_per_interval() -> None:
     assert len(rec.sent) == 2
 
 
-def test_one_release_queues_at_most_max_pods() -> None:
-    req, rec, _clock, metrics = _requeuer(max_pods=3)
-    assert req.request([(f"ns/w{i}", f"u{i}") for i in range(10)]) == 3
-    req.run_once()
+def test_at_most_max_pods_nudges_an_interval_the_rest_wait_and_none_is_dropped() -> None:
+    """Dropping what one release had over max_pods let the first pods rejected take every release's nudges: the
+    rest are sent in the next intervals, the oldest rejections first."""
+    req, rec, clock, metrics = _requeuer(max_pods=3)
+    assert req.request([(f"ns/w{i}", f"u{i}") for i in range(10)]) == 10
+    assert req.run_once() == 3 and req.run_once() == 0  # this interval's three are spent
     assert [name for _, name, _ in rec.sent] == ["w0", "w1", "w2"]  # the oldest rejections first
-    assert _nudges(metrics, "dropped") == 7
+    req.request([(f"ns/w{i}", f"u{i}") for i in range(3)])  # a release: the three sent are due again later
+    for _ in range(3):
+        clock.now += 2.0
+        req.run_once()
+    assert [name for _, name, _ in rec.sent] == [f"w{i}" for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1)]
+    assert _nudges(metrics, "dropped") == 0 and set(req.pending()) == {"ns/w2"}
 
 
 def test_zero_disables() -> None:

@@ -24,7 +24,9 @@ import pytest
 from scheduler_extender import schema
 from scheduler_extender.app import _serve
 from scheduler_extender.holds import DEFAULT_TTL_S
+from scheduler_extender.pending import TTL_S, Pending
 from scheduler_extender.preempt import given_victims
+from scheduler_extender.requeue import Requeuer
 from scheduler_extender.service import NO_INVENTORY, BadRequest, ExtenderService, ServiceOptions
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
@@ -740,3 +742,55 @@ def test_the_bind_verb_reports_a_pod_as_being_bound_only_once_it_is_read_under_i
     assert svc.bind(_bind_args(pod, "full0"))["Error"].endswith("GPU memory full on 1)")  # read, then refused
     assert svc.bind(_bind_args(pod, "n05"))["Error"] == ""
     assert heard == ["uid-p", "uid-p"]
+
+
+def _requeued_service() -> tuple[ExtenderService, Requeuer]:
+    requeuer = Requeuer(lambda namespace, name, uid: None, max_pods=50, clock=lambda: 1000.0)
+    svc = ExtenderService(_cluster("binpack"), FakeBinder(), options=ServiceOptions(), requeuer=requeuer)
+    return svc, requeuer
+
+
+def test_made_up_pods_rejected_at_filter_do_not_take_every_nudge_from_real_ones() -> None:
+    """Pending keeps every pod key /filter rejected until a watch event for that key (bound, deleted), which a
+    made-up pod never gets; each release nudged the oldest 50 and dropped the rest. 50 made-up pods rejected first
+    took all 50 slots on every release for ever: a real rejected pod was never nudged (requeue outcome "dropped").
+    Now every pending pod is queued and at most 50 go out an interval, earliest due first."""
+    svc, requeuer = _requeued_service()
+    for i in range(50):
+        _filter(svc, _pod(f"made-up-{i}", count=64), _names(svc))  # 64 GPUs: fits nowhere
+    real = _pod("real", count=64)  # a pod the apiserver holds, rejected after them
+    _pods(svc)["ns/real"] = copy.deepcopy(real)
+    assert _filter(svc, real, _names(svc))["NodeNames"] == []
+    svc.pod_event("DELETED", {"metadata": {"name": "part0", "namespace": "ns"}})  # a release: pending pods nudged
+    assert "ns/made-up-0" in requeuer.pending()  # the nudge went out
+    assert "ns/real" in requeuer.pending()
+
+
+def test_what_pending_keeps_is_bounded_by_what_kube_would_hold_by_count_and_by_time() -> None:
+    """200 made-up pods with 64 KiB names held 25 MiB in Pending (tracemalloc), without bound: a name kube would not
+    hold is not kept, at most MAX_PENDING are (the oldest rejections go first, their queued nudges forgotten), and an
+    entry lasts TTL_S after its pod's last rejection (kube-scheduler retries a real one sooner)."""
+    now = [1000.0]
+    requeuer = Requeuer(lambda namespace, name, uid: None, max_pods=50, clock=lambda: now[0])
+    svc = ExtenderService(_cluster("binpack"), FakeBinder(), requeuer=requeuer)
+    svc.pending = Pending(requeuer, on_count=svc.metrics.pending.set, max_pods=3, clock=lambda: now[0])
+    for name in ("n" * 254, "ok-" + "n" * 250):
+        _filter(svc, _pod(name, count=64, uid="uid-long-name"), _names(svc))
+    long_uid = _pod("long-uid", count=64)
+    long_uid["metadata"]["uid"] = "u" * 129
+    _filter(svc, long_uid, _names(svc))
+    assert list(svc.pending) == ["ns/ok-" + "n" * 250]
+    for i in range(4):
+        now[0] += 1
+        _filter(svc, _pod(f"p{i}", count=64), _names(svc))
+    assert list(svc.pending) == ["ns/p1", "ns/p2", "ns/p3"]
+    svc.pending.capacity_freed()
+    assert set(requeuer.pending()) == {"ns/p1", "ns/p2", "ns/p3"}
+    now[0] += TTL_S - 1.5  # p1 rejected TTL_S ago, p2 and p3 later
+    svc.pending.capacity_freed()
+    assert list(svc.pending) == ["ns/p2", "ns/p3"] and set(requeuer.pending()) == {"ns/p2", "ns/p3"}
+    now[0] += 2
+    _filter(svc, _pod("p3", count=64), _names(svc))  # rejected again: its time starts again
+    assert list(svc.pending) == ["ns/p3"]
+    svc.pending.keep_only(["ns/other"])  # a pod list without it
+    assert list(svc.pending) == [] and requeuer.pending() == {}
