@@ -169,12 +169,14 @@ _ABSENT = "\x00absent"
 
 
 class _Absent(NamedTuple):
-    """`Planner._absent`: the pod with model `_ABSENT` and its shape's per-node cache, shape memo and node classes."""
+    """`Planner._absent`: the pod with model `_ABSENT` and its shape's per-node cache, shape memo and node classes, and
+    the cache's key in `Planner._cache`."""
 
     pod: PodInfo
     cache: dict[str, tuple[int, NodeResult]]
     fits: ShapeMemo
     classes: Classes | None
+    key: tuple[object, ...]
 
 
 _PER_NODE = _Shared(None)  # the class's answer names GPUs by order (a tie, a cordon, NVLink...): evaluate each node
@@ -1125,6 +1127,7 @@ class Planner:
             self._shape_cache(key),
             self._shape_memo(stand_in, shape),
             self._classes_for(key, stand_in, policy, rank),
+            key,
         )
 
     def _extend(
@@ -1468,8 +1471,16 @@ class Planner:
         ev = memo.evaluation
         order = sorted(due)
         kept = memo.absent
-        if kept is not None and kept[0] is policy and kept[1] == rank:
-            absent = kept[2]  # (its classes only grow in a pass, which never goes through the stand-in)
+        # Kept while its per-node cache is the one `Planner._cache` holds: one the LRU bound let go would live on here.
+        if (
+            kept is not None
+            and kept[0] is policy
+            and kept[1] == rank
+            and (kept[2] is None or self._cache.get(kept[2].key) is kept[2].cache)
+        ):
+            absent = kept[2]
+            if absent is not None:  # in use, as `_shape_cache` marks it (its classes grow in a pass only)
+                self._cache.move_to_end(absent.key)
         else:
             absent = self._absent(pod, policy, rank)
             memo.absent = (policy, rank, absent)
@@ -1512,7 +1523,7 @@ class Planner:
         if absent is not None and node is not None:
             models = node.models
             if pod.model not in models and _ABSENT not in models:
-                evaluated, cache, fits, classes = absent
+                evaluated, cache, fits, classes, _ = absent
         hit = cache.get(name)
         if node is not None and hit is not None and hit[0] == node.version:
             return self._drawn(name, pod, policy, hit[1])

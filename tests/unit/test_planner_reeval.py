@@ -170,3 +170,33 @@ def test_each_memo_keeps_its_own_stand_in() -> None:
             placement = p.evaluate_node(node, bound).placement
             if placement is not None:
                 state.apply(bound.key, placement.assignment(bound))
+
+
+def test_a_kept_stand_in_never_outlives_its_cache_in_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more shapes than the caches' LRU bound, a stand-in's per-node cache leaves `Planner._cache`: the memo then
+    makes its stand-in again instead of keeping the old cache alive past the bound; decisions as the full path's."""
+    monkeypatch.setattr(planner_mod, "_CACHED_SHAPES", 4)  # three memos fit, their three stand-ins' caches do not
+    state = _class_cluster(2, "default", patterns=40)
+    p = Planner(state)
+    names = sorted(state.nodes)
+    made: list[str] = []
+    real = Planner._absent
+    monkeypatch.setattr(Planner, "_absent", lambda self, pod, *a: made.append(pod.name) or real(self, pod, *a))
+    shapes = [
+        {"role": "decode", "model": "y", "gpumem_percentage": 15, "gpucores": 15},
+        {"role": "decode", "model": "y", "gpumem_percentage": 20, "gpucores": 20},
+        {"role": "prefill", "model": "y", "gpumem_percentage": 25, "gpucores": 40},
+    ]
+    for step in range(8):
+        for k, kw in enumerate(shapes):
+            for j in range(2):  # binds elsewhere (model m): every memo has changed nodes to re-evaluate
+                _bind(state, p, names[(5 * step + 2 * k + j) % len(names)], _pods(0)[0], f"b{step}-{k}-{j}")
+            pod = make_info(f"y{step}-{k}", **kw)  # type: ignore[arg-type]
+            passed, failed, _ = p.filter_names(pod, names, unknown="no inventory")
+            want = _oracle(p, pod, names)
+            assert passed == [n for n in names if n in want.feasible] and failed == want.failed
+            _same(p.evaluate(pod, names), want)
+            memo = next(reversed(p._memo.values()))  # this pod's (the last used)
+            if memo.absent is not None and memo.absent[2] is not None:
+                assert p._cache.get(memo.absent[2].key) is memo.absent[2].cache
+    assert len(made) > len(shapes)  # stand-ins made again after their caches left
