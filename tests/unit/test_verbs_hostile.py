@@ -794,3 +794,44 @@ def test_what_pending_keeps_is_bounded_by_what_kube_would_hold_by_count_and_by_t
     assert list(svc.pending) == ["ns/p3"]
     svc.pending.keep_only(["ns/other"])  # a pod list without it
     assert list(svc.pending) == [] and requeuer.pending() == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs service.replace_pods to call Pending.keep_only with the listed unbound pods (service.py is not "
+    "this fix's file; the change is in the review's report): remove this mark once it is applied",
+)
+def test_a_pending_pod_deleted_while_the_watch_was_down_is_dropped_by_the_relist() -> None:
+    """A relist releases whatever the list no longer holds, but Pending keeps a rejected pod that was deleted while
+    the watch was down: it is nudged (404, "gone") on every later release until its entry expires (Pending.TTL_S)."""
+    svc, _ = _requeued_service()
+    gone = _pod("gone", count=64)
+    _filter(svc, gone, _names(svc))
+    assert "ns/gone" in svc.pending
+    svc.replace_pods([])  # the relist after a watch failure: the pod is not there any more
+    assert "ns/gone" not in svc.pending
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs Planner._memo_for to keep each name once when it makes a memo (vgpu/planner.py is not this fix's "
+    "file; the change is in the review's report): remove this mark once it is applied",
+)
+def test_a_first_call_with_a_duplicate_does_not_keep_the_shape_off_the_every_name_path() -> None:
+    """Planner._memo_for makes a shape's memo over the request's names as sent (`_Memo(names, set(names), ...)`),
+    duplicates kept (`_extend` drops them; creation does not). Made by a hostile first call naming one node twice,
+    the memo's names never equal an honest call's again, so no later /filter of the shape takes `_filter_every` while
+    the memo lives (for binpack/spread: until >256 nodes change between two calls of the shape). The answers stay
+    right (tests/unit/test_verbs_hostile.py); the cost at 5,000 nodes x 8 GPUs, median of 150 interleaved calls:
+    0.22 -> 0.79 ms a /filter on an empty cluster, 5.9 -> 10.1 ms with all but 10 nodes full."""
+    kept = []
+    for hostile in (False, True):
+        svc = _service()
+        every, pod = _names(svc), _pod("p")
+        if hostile:
+            _filter(svc, pod, [*every, every[0]])
+        for _ in range(2):
+            _filter(svc, pod, every)
+        (memo,) = svc.planner._memo.values()
+        kept.append((memo.names == every, memo.positions is not None))
+    assert kept[1] == kept[0] == (True, True)
