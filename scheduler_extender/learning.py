@@ -112,11 +112,11 @@ class Learning:
 
     def binding(self, uid: str) -> None:
         """This replica binds the pod: /filter fed it, so the watch showing it bound must not feed it again (the
-        /filter memory holds only the last `RECENT_PODS`). Only a UID /filter saw is kept: a pod /filter never saw
-        was never fed (the watch showing it running feeds it once, as any pod), and a bind naming a UID before its
-        pod's first /filter made that pod never learned, while made-up UIDs of refused binds were kept without
-        bound (200 binds with 64 KiB UIDs: 12.5 MiB)."""
-        if uid and uid in self._recent:
+        /filter memory holds only the last `RECENT_PODS`, and a bind may come later than that). Called by BindVerb
+        only once the pod is read from the apiserver under the bind's UID: a refused bind naming a UID before its
+        pod's first /filter made that pod never learned, and made-up UIDs were kept without bound (200 binds with
+        64 KiB UIDs: 12.5 MiB), while the set now holds only real pods' UIDs (dropped on DELETED and relists)."""
+        if uid:
             self._seeded.add(uid)
 
     def running(self, uid: str, candidates: Candidates, skipped: Counter[str]) -> bool:

@@ -120,6 +120,7 @@ class ExtenderService:
             claims=lambda pod, info: nominations_held(
                 self.state, self.planner, self.books, info, pod_priority(pod, info.request), self._parse
             ),
+            binding=self.learning.binding,  # once the pod is read under its UID (scheduler_extender.bind.BindVerb)
         )
         # With leader election: until when this replica may still bind (LeaderElector.valid_until).
         self._lease_until: Callable[[], float] = lambda: math.inf
@@ -391,8 +392,6 @@ class ExtenderService:
 
     def bind(self, args: schema.ExtenderBindingArgs) -> dict[str, str]:
         """Bind the pod the apiserver holds under PodNamespace/PodName (scheduler_extender.bind)."""
-        with self.lock:  # /filter fed it: the watch showing it bound must not feed it again
-            self.learning.binding(args.PodUID)
         return self._bind.bind(args)
 
     def expire_unbound(self) -> None:
@@ -478,6 +477,8 @@ class ExtenderService:
             self.sync.replace_pods(pods)
             self.books.replace(pods)
             self.unbound.replace(pods)
+            # A pod /filter rejected that the list no longer holds is gone: it must not be nudged on later releases.
+            self.pending.keep_only(pod_key(p) for p in pods if not bound_node(p) and not is_finished(p))
             if not held <= self.state.assignments.keys():
                 self.pending.capacity_freed()
             if not seed_learning:

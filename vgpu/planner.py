@@ -1053,7 +1053,11 @@ class Planner:
         if memo is None:
             out = Evaluation()
             self._fill(out, names, cache, pod, policy, rank, fits, classes)
-            memo = self._memo[key] = _Memo(names, set(names), self.state.version, out)
+            name_set = set(names)
+            # A caller may name a node twice: the memo keeps each name once, as `_extend` does, so that a later call
+            # over every name still equals its names and takes `_filter_every` while the memo lives.
+            unique = names if len(name_set) == len(names) else list(dict.fromkeys(names))
+            memo = self._memo[key] = _Memo(unique, name_set, self.state.version, out)
             nodes = self.state.nodes
             if len(memo.name_set) >= len(nodes) and memo.name_set.issuperset(nodes):
                 memo.covers = self.state.names_version

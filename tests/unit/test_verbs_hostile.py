@@ -796,14 +796,9 @@ def test_what_pending_keeps_is_bounded_by_what_kube_would_hold_by_count_and_by_t
     assert list(svc.pending) == [] and requeuer.pending() == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs service.replace_pods to call Pending.keep_only with the listed unbound pods (service.py is not "
-    "this fix's file; the change is in the review's report): remove this mark once it is applied",
-)
 def test_a_pending_pod_deleted_while_the_watch_was_down_is_dropped_by_the_relist() -> None:
-    """A relist releases whatever the list no longer holds, but Pending keeps a rejected pod that was deleted while
-    the watch was down: it is nudged (404, "gone") on every later release until its entry expires (Pending.TTL_S)."""
+    """A relist releases whatever the list no longer holds, and so does Pending: a rejected pod deleted while the
+    watch was down would otherwise be nudged (404, "gone") on every later release until its entry expired."""
     svc, _ = _requeued_service()
     gone = _pod("gone", count=64)
     _filter(svc, gone, _names(svc))
@@ -812,18 +807,11 @@ def test_a_pending_pod_deleted_while_the_watch_was_down_is_dropped_by_the_relist
     assert "ns/gone" not in svc.pending
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs Planner._memo_for to keep each name once when it makes a memo (vgpu/planner.py is not this fix's "
-    "file; the change is in the review's report): remove this mark once it is applied",
-)
 def test_a_first_call_with_a_duplicate_does_not_keep_the_shape_off_the_every_name_path() -> None:
-    """Planner._memo_for makes a shape's memo over the request's names as sent (`_Memo(names, set(names), ...)`),
-    duplicates kept (`_extend` drops them; creation does not). Made by a hostile first call naming one node twice,
-    the memo's names never equal an honest call's again, so no later /filter of the shape takes `_filter_every` while
-    the memo lives (for binpack/spread: until >256 nodes change between two calls of the shape). The answers stay
-    right (tests/unit/test_verbs_hostile.py); the cost at 5,000 nodes x 8 GPUs, median of 150 interleaved calls:
-    0.22 -> 0.79 ms a /filter on an empty cluster, 5.9 -> 10.1 ms with all but 10 nodes full."""
+    """Planner._memo_for keeps each name once when it makes a shape's memo, as `_extend` does. Were a hostile first
+    call's duplicate kept, the memo's names would never equal an honest call's again, and no later /filter of the
+    shape would take `_filter_every` while the memo lives (answers right, but at 5,000 nodes x 8 GPUs, median of 150
+    interleaved calls: 0.22 -> 0.79 ms a /filter on an empty cluster, 5.9 -> 10.1 ms with all but 10 nodes full)."""
     kept = []
     for hostile in (False, True):
         svc = _service()
