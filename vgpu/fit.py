@@ -227,16 +227,7 @@ def fit_node(
         candidates: list[tuple[float, float, int, int, GpuUsage, int, int]] = []
         if state_rank and not near:  # (most fits) the role order is the state's; the rank asked once per state
             ranks: dict[int, float] = {}
-            # The role order comes first: a GPU behind the `count` best by it is never chosen, so its rank is not
-            # asked (fgd's is a fragmentation growth) where nothing reads the whole order (no topology choice).
-            bar: float | None = None
-            if req.count == 1 or topo.flat or not (config.topology or pod.require_nvlink):
-                bases = [h[0][3] for h in hosts]
-                bar = min(bases) if req.count == 1 else sorted(bases)[req.count - 1]
             for (mem, cores, _, base), pos, u, key in hosts:
-                if bar is not None and base > bar:
-                    candidates.append((base, 0.0, u.device.index, pos, u, mem, cores))
-                    continue
                 r = ranks.get(key)
                 if r is None:
                     r = ranks[key] = rank(u, mem, cores, pod)
@@ -418,9 +409,6 @@ def _fit_one(
     gpus = node.state_groups if grouped else node.gpus
     # Other states' GPUs that rank equal to the best: the lowest index decides, so the answer depends on GPU order.
     tied: list[GpuUsage] = []
-    # A `StateRank` is not asked for a GPU the role order already puts behind the best (fgd's rank is a fragmentation
-    # growth); any other order is asked for every GPU, as it always was (a random one draws per call).
-    lazy = isinstance(rank, StateRank)
     for u in gpus:
         dev = u.device
         if check and (
@@ -442,8 +430,6 @@ def _fit_one(
         order: float = by_role
         if near and by_role == 0 and dev.uuid in near:
             order = -0.5
-        if lazy and best is not None and order > best[0]:
-            continue  # behind the best by the role order, which comes first: it neither wins nor ties
         cand = (order, rank(u, mem, cores, pod), dev.index)
         if best is None or cand < best:
             if best is not None and cand[0] == best[0] and cand[1] == best[1]:
