@@ -81,6 +81,14 @@ class Pending:
         if self.nudger is not None:
             self.nudger.forget(key)
 
+    def gone(self, key: str, uid: str) -> None:
+        """A nudge found no pod under this key and UID (404, or 409: the name holds another UID now): the entry
+        ends, unless /filter has since rejected the pod the name holds now (another UID)."""
+        entry = self._pods.get(key)
+        if entry is not None and entry[0] == uid:
+            self._forget(key)
+            self._count(len(self._pods))
+
     def keep_only(self, keys: Iterable[str]) -> None:
         """A pod list: the pending pods it does not hold were deleted (while the watch was down) or never existed."""
         listed = set(keys)

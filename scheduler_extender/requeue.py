@@ -12,7 +12,9 @@ at most `max_pods` nudges go out per `interval_s` (0 disables the feature): the 
 the next interval, never dropped. Dropping what was over `max_pods` on each release let the first `max_pods` pods
 rejected take every release's nudges for ever (made-up pods /filter rejected never leave scheduler_extender.pending
 through a watch event): a real pod rejected after them was never nudged. What waits is bounded by what is pending
-(scheduler_extender.pending.MAX_PENDING).
+(scheduler_extender.pending.MAX_PENDING), and a pod whose nudge finds no such pod (404) or another UID under
+its name (409) is handed to `on_gone`, which ends its pending entry: a made-up pod took a nudge of every release
+for the whole TTL, ahead of the real pods rejected after it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Requeuer:
         self._last: dict[str, float] = {}  # pod key -> when it was last nudged
         # The current interval's start and how many nudges it sent: at most `max_pods` an interval.
         self._window: tuple[float, int] = (float("-inf"), 0)
+        # (pod key, UID) of a pod the apiserver does not hold under that UID; called on the worker thread, outside
+        # `_cond` (the service drops its pending entry under its own lock: scheduler_extender.pending.Pending.gone).
+        self.on_gone: Callable[[str, str], None] | None = None
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -133,6 +138,8 @@ class Requeuer:
             except Exception as exc:
                 if getattr(exc, "status", None) in (404, 409):
                     self._count("gone")
+                    if self.on_gone is not None:
+                        self.on_gone(key, uid)
                     continue
                 self._count("error")
                 log.warning("could not nudge a pending pod", extra={"pod": key, "error": str(exc)})

@@ -92,6 +92,8 @@ class ExtenderService:
         self.list_pdbs = list_pdbs
         self.books = Books()  # priorities, ages, labels and nominations (scheduler_extender.preempt)
         self.pending = Pending(requeuer, on_count=self.metrics.pending.set)
+        if requeuer is not None:
+            requeuer.on_gone = self._nudge_found_no_pod
         self.learning = Learning(self.planner, relearn_interval_s=options.relearn_interval_s, metrics=self.metrics)
         self.recent = RecentPods(self._parse, keep_bodies=options.pods_from_filter)
         self.sync = StateSync(
@@ -135,6 +137,11 @@ class ExtenderService:
         # comparing lists is a memcmp per name, where looking each fresh name up hashes it (~0.5 ms at 5,000).
         self._known_memo: dict[str, tuple[list[str], int, list[str]]] = {}
         self._pods_listed = False  # a later pod list is a relist (replace_pods)
+
+    def _nudge_found_no_pod(self, key: str, uid: str) -> None:
+        """The requeuer's nudge found no pod under this key and UID (its worker thread, outside its own lock)."""
+        with self.lock:
+            self.pending.gone(key, uid)
 
     def _parse(self, pod: Mapping[str, Any]) -> PodInfo:
         return pod_info(pod, self.options.names, self.options.defaults)

@@ -299,3 +299,53 @@ def test_a_relist_with_a_new_node_nudges() -> None:
     assert not req.pending()
     svc.replace_nodes([_node("a", 2), _node("b", 3)])
     assert set(req.pending()) == {"ns/w"}
+
+
+def test_a_pod_the_apiserver_does_not_hold_leaves_pending_after_its_nudge() -> None:
+    """A nudge answered 404 (no such pod: a made-up /filter body) or 409 (the name now holds another UID) ends that
+    pod's entry: it took a nudge of every later release until its TTL, ahead of real pods rejected after it."""
+    svc, binder, req, rec, _clock = _service()
+    holders = _fill(svc, binder)
+    made_up, recreated, real = _pod("made-up", 60), _pod("recreated", 60), _pod("real", 60)
+    for w in (made_up, recreated, real):
+        assert _filter(svc, w) == []
+    rec.fail = {"made-up": 404, "recreated": 409}
+    svc.pod_event("DELETED", holders[0])
+    req.run_once()
+    assert list(svc.pending) == ["ns/real"]
+    svc.pod_event("DELETED", holders[1])
+    assert set(req.pending()) == {"ns/real"}
+
+
+def test_a_gone_nudge_keeps_the_entry_the_name_holds_now() -> None:
+    """A 409 for the old UID while /filter already rejected the recreated pod under its new UID: the new entry
+    stays (it is a real pod, nudged on the next release)."""
+    svc, binder, req, _rec, _clock = _service()
+    holders = _fill(svc, binder)
+    old = _pod("w", 60)
+    assert _filter(svc, old) == []
+    svc.pod_event("DELETED", holders[0])
+    assert req.take_due() == [("ns/w", old["metadata"]["uid"])]
+    with svc.lock:
+        svc.pending.filtered("ns/w", "uid-new", fits=False)  # /filter of the recreated pod, before the answer
+    assert req.on_gone is not None
+    req.on_gone("ns/w", old["metadata"]["uid"])
+    assert "ns/w" in svc.pending
+    req.on_gone("ns/w", "uid-new")
+    assert "ns/w" not in svc.pending
+
+
+def test_a_pod_pending_for_hours_is_nudged_when_capacity_frees() -> None:
+    """A big pod waits hours for room: kube-scheduler retries it at least every podMaxInUnschedulablePodsDuration
+    (5 min) plus its leftover flush (30 s), and each /filter rejection renews its entry, so the release that makes
+    room, hours later, still nudges it (Pending.ttl_s is 600 s)."""
+    svc, binder, req, _rec, _clock = _service()
+    now = [0.0]
+    svc.pending.clock = lambda: now[0]
+    holders = _fill(svc, binder)
+    big = _pod("big", 60)
+    for _ in range(12 * 3):  # 3 h of retries, 330 s apart; the room frees 330 s after the last
+        assert _filter(svc, big) == []
+        now[0] += 330.0
+    svc.pod_event("DELETED", holders[0])
+    assert set(req.pending()) == {"ns/big"}
