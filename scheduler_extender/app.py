@@ -68,6 +68,13 @@ def _bad(verb: str, service: ExtenderService, message: str) -> Response:
     return _json({"Error": message}, status=400)
 
 
+def _problem(error: Any) -> str:
+    """One validation error as `path: what is wrong`; a wire check's message names its whole path itself."""
+    if error["type"] == schema.WHOLE_PATH:
+        return str(error["msg"])
+    return f"{'.'.join(str(p) for p in error['loc']) or '<body>'}: {error['msg']}"
+
+
 def _parse(body: bytes, verb: str, model: type[BaseModel]) -> Any:
     """Bytes -> wire model, the pod's field types checked (on a worker thread: linear, but up to MAX_BODY)."""
     if not body:
@@ -75,7 +82,7 @@ def _parse(body: bytes, verb: str, model: type[BaseModel]) -> Any:
     try:
         args = model.model_validate_json(body)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors()[:5])
+        problems = "; ".join(_problem(e) for e in exc.errors()[:5])
         raise BadRequest(f"{verb}: invalid {model.__name__}: {problems}"[:2048]) from None
     pod = getattr(args, "Pod", None)
     if pod is not None:

@@ -6,9 +6,14 @@ stay plain JSON mappings: the core reads what it needs from them.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+# The error type of a body field whose message names its whole path itself (scheduler_extender.app prints it alone).
+WHOLE_PATH = "wire_field"
 
 
 class _Wire(BaseModel):
@@ -47,13 +52,13 @@ class ExtenderPreemptionArgs(_Wire):
     @field_validator("NodeNameToVictims")
     @classmethod
     def _full(cls, victims: dict[str, Any] | None) -> dict[str, Any] | None:
-        _check_victims(victims, meta=False)
+        _check_victims(victims, meta=False, field="NodeNameToVictims")
         return victims
 
     @field_validator("NodeNameToMetaVictims")
     @classmethod
     def _meta(cls, victims: dict[str, Any] | None) -> dict[str, Any] | None:
-        _check_victims(victims, meta=True)
+        _check_victims(victims, meta=True, field="NodeNameToMetaVictims")
         return victims
 
 
@@ -74,35 +79,40 @@ def _field(obj: dict[str, Any], name: str) -> object:
     return next((v for k, v in obj.items() if k.lower() == name.lower()), None)
 
 
-def _check_victims(victims: dict[str, Any] | None, *, meta: bool) -> None:
+def _check_victims(victims: dict[str, Any] | None, *, meta: bool, field: str) -> None:
     """extender/v1 Victims {Pods []*v1.Pod, NumPDBViolations int64} or MetaVictims {Pods []*MetaPod{UID string},
-    NumPDBViolations int64} per node; null anywhere Go allows a nil. Raises ValueError naming the first wrong field."""
+    NumPDBViolations int64} per node; null anywhere Go allows a nil. Raises a WHOLE_PATH error naming the first wrong
+    field by its path (`field["node"].Pods[0].UID`: node names hold dots), what it is and what is allowed."""
+
+    def wrong(where: str, expected: str, value: object) -> PydanticCustomError:
+        text = f"{where}: expected {expected} (or null), got {_json_type(value)}"
+        return PydanticCustomError(WHOLE_PATH, "{problem}", {"problem": text})
+
     for node, v in (victims or {}).items():
+        at = f"{field}[{json.dumps(node)}]"
         if v is None:
             continue
         if not isinstance(v, dict):
-            raise ValueError(f"{node}: expected an object (Pods, NumPDBViolations), got {_json_type(v)}")
+            raise wrong(at, "an object (Pods, NumPDBViolations)", v)
         pods = _field(v, "Pods")
         if pods is not None and not isinstance(pods, list):
-            raise ValueError(f"{node}.Pods: expected an array of pods, got {_json_type(pods)}")
+            raise wrong(f"{at}.Pods", "an array of pods", pods)
         violations = _field(v, "NumPDBViolations")
         if violations is not None and (isinstance(violations, bool) or not isinstance(violations, int)):
-            raise ValueError(f"{node}.NumPDBViolations: expected an integer, got {_json_type(violations)}")
+            raise wrong(f"{at}.NumPDBViolations", "an integer", violations)
         for i, pod in enumerate(pods or []):
             if pod is None:
                 continue
             if not isinstance(pod, dict):
-                raise ValueError(f"{node}.Pods[{i}]: expected an object, got {_json_type(pod)}")
-            where, holder = (
-                (f"{node}.Pods[{i}]", pod) if meta else (f"{node}.Pods[{i}].metadata", _field(pod, "metadata"))
-            )
+                raise wrong(f"{at}.Pods[{i}]", "an object", pod)
+            where, holder = (f"{at}.Pods[{i}]", pod) if meta else (f"{at}.Pods[{i}].metadata", _field(pod, "metadata"))
             if holder is None:
                 continue
             if not isinstance(holder, dict):
-                raise ValueError(f"{where}: expected an object, got {_json_type(holder)}")
+                raise wrong(where, "an object", holder)
             uid = _field(holder, "UID")
             if uid is not None and not isinstance(uid, str):
-                raise ValueError(f"{where}.UID: expected a string, got {_json_type(uid)}")
+                raise wrong(f"{where}.UID", "a string", uid)
 
 
 def event_safe(text: str) -> str:
