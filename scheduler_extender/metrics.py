@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from scheduler_extender.gcpause import collection_seconds
+from scheduler_extender.pending import MAX_PENDING, TTL_S
 from vgpu.state import ClusterState, NodeState
 
 MIB = 1024 * 1024
@@ -205,7 +206,10 @@ class ExtenderMetrics:
             registry=self.rest,
         )
         self.pending = Gauge(
-            "vgpu_extender_pending_pods", "vGPU pods whose last /filter found no node", registry=self.rest
+            "vgpu_extender_pending_pods",
+            f"vGPU pods whose last /filter found no node, kept {TTL_S:g} s after that rejection, at most"
+            f" {MAX_PENDING}; bound, deleted or answered 404/409 to a nudge: gone",
+            registry=self.rest,
         )
         self.inflight = Gauge("vgpu_extender_inflight_binds", "Binds between reserve and Binding", registry=self.rest)
         self.learning_seeded = Counter(
