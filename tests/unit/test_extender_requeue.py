@@ -337,8 +337,11 @@ def test_a_gone_nudge_keeps_the_entry_the_name_holds_now() -> None:
 
 def test_a_pod_pending_for_hours_is_nudged_when_capacity_frees() -> None:
     """A big pod waits hours for room: kube-scheduler retries it at least every podMaxInUnschedulablePodsDuration
-    (5 min) plus its leftover flush (30 s), and each /filter rejection renews its entry, so the release that makes
-    room, hours later, still nudges it (Pending.ttl_s is 600 s)."""
+    (5 min) plus its leftover flush (every 30 s) and a backoff of at most 10 s (kubernetes v1.34
+    pkg/scheduler/backend/queue/scheduling_queue.go, PriorityQueue.Run and flushUnschedulablePodsLeftover; sooner on
+    any cluster event when no plugin but the extender rejected a node: isPodWorthRequeuing), and each
+    /filter rejection renews its entry, so the release that makes room, hours later, still nudges it (Pending.ttl_s
+    is 600 s; the test fails with 300 s)."""
     svc, binder, req, _rec, _clock = _service()
     now = [0.0]
     svc.pending.clock = lambda: now[0]
