@@ -565,12 +565,16 @@ class Reflector:
         self.slim = slim
         self.stopped = threading.Event()
         self.relists = 0
+        # When (time.monotonic) the list `replace` is handed was read: it is applied seconds later at 40k pods, and
+        # what happened since is not in it (ExtenderService.replace_pods' `listed_at`).
+        self.list_started: float | None = None
 
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _list(self) -> str:
         with paused_gc():  # scheduler_extender.gcpause: a large list is parsed and applied twice as fast
+            self.list_started = time.monotonic()
             items, rv = list_all(
                 self.list_call, field_selector=self.field_selector, page_size=self.page_size, slim=self.slim
             )

@@ -89,10 +89,13 @@ class Pending:
             self._forget(key)
             self._count(len(self._pods))
 
-    def keep_only(self, keys: Iterable[str]) -> None:
-        """A pod list: the pending pods it does not hold were deleted (while the watch was down) or never existed."""
+    def keep_only(self, keys: Iterable[str], *, rejected_before: float | None = None) -> None:
+        """A pod list: the pending pods it does not hold were deleted (while the watch was down) or never existed.
+        `rejected_before`: when the list was read (this clock); a pod rejected since may have been created after
+        the read, so only entries rejected before it are dropped (None: every entry the list does not hold)."""
         listed = set(keys)
-        gone = [k for k in self._pods if k not in listed]
+        until = float("inf") if rejected_before is None else rejected_before
+        gone = [k for k, (_, when) in self._pods.items() if k not in listed and when < until]
         for key in gone:
             self._forget(key)
         if gone:

@@ -466,11 +466,15 @@ class ExtenderService:
             if any(before.get(name) is not node for name, node in self.state.nodes.items()):
                 self.pending.capacity_freed()  # new or changed nodes, as in node_event
 
-    def replace_pods(self, pods: list[dict[str, Any]], *, seed_learning: bool = False) -> None:
+    def replace_pods(
+        self, pods: list[dict[str, Any]], *, seed_learning: bool = False, listed_at: float | None = None
+    ) -> None:
         """Apply a pod list. `seed_learning`: the running pods that hold our assignments also seed the placement
         policy's learned workload, so a restarted extender does not start placement from a cold start (the kube
         source seeds its first list in the background: `seed_learning_from`). A relist learns the running pods the
-        watch missed while it was down, as their events would have; pods fed before are never fed twice."""
+        watch missed while it was down, as their events would have; pods fed before are never fed twice.
+        `listed_at`: when the list was read (time.monotonic): pods /filter rejected since stay pending though the
+        list does not hold them (created after the read; at 40k pods the list is applied seconds later)."""
         relist = self._pods_listed
         self._pods_listed = True
         if seed_learning:
@@ -485,7 +489,9 @@ class ExtenderService:
             self.books.replace(pods)
             self.unbound.replace(pods)
             # A pod /filter rejected that the list no longer holds is gone: it must not be nudged on later releases.
-            self.pending.keep_only(pod_key(p) for p in pods if not bound_node(p) and not is_finished(p))
+            self.pending.keep_only(
+                (pod_key(p) for p in pods if not bound_node(p) and not is_finished(p)), rejected_before=listed_at
+            )
             if not held <= self.state.assignments.keys():
                 self.pending.capacity_freed()
             if not seed_learning:

@@ -54,7 +54,8 @@ class KubeSource:
         # workload in the background (parsing and observing 40k pods was a third of a restart); a relist never
         # seeds: it would count pods twice. Until the seeding is in, placement scores as a learning policy's cold
         # start does.
-        self.service.replace_pods(pods, seed_learning=False)
+        # When the list was read: a pod /filter rejected since stays pending though the list does not hold it.
+        self.service.replace_pods(pods, seed_learning=False, listed_at=self.pods.list_started)
         with self.service.lock:  # what the next pass over the nodes would work out, frozen with the state (gcpause)
             self.service.state.classify()
         # The end of a (re)list, with what applying it cost: benchmarks/restart.py times a relist up to this line.

@@ -17,8 +17,10 @@ import dataclasses
 import json
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from scheduler_extender import schema
@@ -28,6 +30,7 @@ from scheduler_extender.pending import TTL_S, Pending
 from scheduler_extender.preempt import given_victims
 from scheduler_extender.requeue import Requeuer
 from scheduler_extender.service import NO_INVENTORY, BadRequest, ExtenderService, ServiceOptions
+from scheduler_extender.sources.kube import KubeSource
 from tests.unit.test_extender_service import FakeBinder
 from vgpu import annotations as ann
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
@@ -834,6 +837,40 @@ def test_a_pending_pod_deleted_while_the_watch_was_down_is_dropped_by_the_relist
     assert "ns/gone" in svc.pending
     svc.replace_pods([])  # the relist after a watch failure: the pod is not there any more
     assert "ns/gone" not in svc.pending
+
+
+def test_a_pod_rejected_after_the_relist_was_read_stays_pending() -> None:
+    """The pod list is read at one moment and applied seconds later (40k pods: ~3 s to parse, ~3 s to apply); a pod
+    created after the read, and rejected by /filter meanwhile, is not in the list but is pending all the same: the
+    relist dropped it, and the release that made room for it did not nudge it. Only entries rejected before the
+    list was read and missing from it are dropped."""
+    svc, _ = _requeued_service()
+    now = [100.0]
+    svc.pending.clock = lambda: now[0]
+    gone = _pod("gone", count=64)
+    _filter(svc, gone, _names(svc))  # deleted later, while the watch was down
+    now[0] = 110.0
+    listed_at = now[0]  # the relist's read
+    now[0] = 112.0
+    _filter(svc, _pod("new", count=64), _names(svc))  # created after the read, rejected before the list is applied
+    svc.replace_pods([], listed_at=listed_at)
+    assert list(svc.pending) == ["ns/new"]
+    svc.replace_pods([])  # no time known (the file source): what the list does not hold goes, as before
+    assert list(svc.pending) == []
+
+
+def test_the_kube_source_tells_the_relist_when_its_list_was_read() -> None:
+    """The pods reflector notes when it read the list; KubeSource hands that to replace_pods, so a pod /filter
+    rejected while the list was on its way (here: during the list call itself) stays pending."""
+    svc, _ = _requeued_service()
+
+    def list_pods(**_: Any) -> Any:
+        _filter(svc, _pod("new", count=64), _names(svc))  # created after the read, rejected meanwhile
+        return SimpleNamespace(data=orjson.dumps({"metadata": {"resourceVersion": "7"}, "items": []}))
+
+    source = KubeSource(SimpleNamespace(list_node=None, list_pod_for_all_namespaces=list_pods), svc)
+    source.pods._list()
+    assert list(svc.pending) == ["ns/new"]
 
 
 def test_a_first_call_with_a_duplicate_does_not_keep_the_shape_off_the_every_name_path() -> None:
