@@ -473,8 +473,9 @@ class ExtenderService:
         policy's learned workload, so a restarted extender does not start placement from a cold start (the kube
         source seeds its first list in the background: `seed_learning_from`). A relist learns the running pods the
         watch missed while it was down, as their events would have; pods fed before are never fed twice.
-        `listed_at`: when the list was read (time.monotonic): pods /filter rejected since stay pending though the
-        list does not hold them (created after the read; at 40k pods the list is applied seconds later)."""
+        `listed_at`: when the list was read (time.monotonic): pods /filter rejected since stay pending, and the
+        slices this extender's binds reserved since stay held, though the list does not hold their pods (created
+        after the read; at 40k pods the list is applied seconds later)."""
         relist = self._pods_listed
         self._pods_listed = True
         if seed_learning:
@@ -485,7 +486,7 @@ class ExtenderService:
             seed = None
         with self.lock:
             held = set(self.state.assignments)
-            self.sync.replace_pods(pods)
+            self.sync.replace_pods(pods, listed_at=listed_at)
             self.books.replace(pods)
             self.unbound.replace(pods)
             # A pod /filter rejected that the list no longer holds is gone: it must not be nudged on later releases.

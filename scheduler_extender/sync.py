@@ -237,13 +237,17 @@ class StateSync:
                 log.info("released the reservation of a bind that never completed", extra={"pod": key})
         return expired
 
-    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """A relist: apply every pod, then release what the list no longer holds."""
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]], *, listed_at: float | None = None) -> None:
+        """A relist: apply every pod, then release what the list no longer holds. `listed_at` (this clock): when the
+        list was read; a reservation our bind made since (`own_bind`) is for a pod the list may not hold yet (created
+        after the read; at 40k pods a list is applied seconds later), and stays until the watch settles it."""
         pods = sorted(pods, key=_list_order)  # claims seen together: vgpu.claims, rule 2
         seen: set[str] = set()
         for pod in pods:
             self.pod_event("ADDED", pod)
             seen.add(pod_key(pod))
+        if listed_at is not None:
+            seen.update(k for k, since in self.first_seen.items() if since >= listed_at)
         held = list(self.state.assignments) + list(self.state.orphans)
         for key in held:
             if key not in seen and not self._is_inflight(key):

@@ -889,3 +889,29 @@ def test_a_first_call_with_a_duplicate_does_not_keep_the_shape_off_the_every_nam
         (memo,) = svc.planner._memo.values()
         kept.append((memo.names == every, memo.positions is not None))
     assert kept[1] == kept[0] == (True, True)
+
+
+def test_a_pod_bound_after_the_relist_was_read_keeps_its_slices() -> None:
+    """A pod created after the list was read, and bound by this extender before the list is applied, is not in the
+    list: the relist released its slices until the watch (from the list's version) showed it bound again, and a pod
+    placed meanwhile could be put on the same GPU. A reservation this extender made after the read is kept."""
+    svc, _ = _requeued_service()
+    now = [100.0]
+    svc.sync.clock = lambda: now[0]
+    listed_at = now[0]
+    now[0] = 103.0
+    pod = _pod("late", count=1)
+    _pods(svc)["ns/late"] = copy.deepcopy(pod)
+    names = _names(svc)
+    assert _filter(svc, pod, names)["NodeNames"]
+    assert (
+        svc.bind(schema.ExtenderBindingArgs(PodName="late", PodNamespace="ns", PodUID="uid-late", Node=names[0]))[
+            "Error"
+        ]
+        == ""
+    )
+    held = svc.state.assignments["ns/late"]
+    svc.replace_pods([], listed_at=listed_at)
+    assert svc.state.assignments.get("ns/late") == held
+    svc.replace_pods([])  # no time known: what the list does not hold is released, as before
+    assert "ns/late" not in svc.state.assignments
