@@ -28,7 +28,7 @@ from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, judge_with, role_rank
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
-from vgpu.placement.role_score import free_after, headroom_one, role_parts
+from vgpu.placement.role_score import _terms, free_after, headroom_one, role_parts
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState, GpuUsage, NodeState, slice_blocker
 from vgpu.topology import placement_score
@@ -93,6 +93,7 @@ class _Shared:
         "container",
         "cores",
         "failure",
+        "flat",
         "linked",
         "memory_mib",
         "multi",
@@ -162,6 +163,10 @@ class _Shared:
         # interleavings, 361 distinct picks).
         self.steps = steps
         self.by_picks: dict[tuple[int, ...], _Shared] | None = None if steps is None else {}
+        # With `multi`, made by the first node that takes it (`_of_multi`): each slice's (state, which GPU of it) flat,
+        # each GPU's slices summed as (the position of its first slice, memory, cores) for the headroom, and whether
+        # any slice is not its state's first GPU; so a node taking the answer builds no placement to score.
+        self.flat: tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...], bool] | None = None
 
 
 # A model no pod runs (a label value holds no NUL): `Planner._absent`'s stand-in for a model a node does not run.
@@ -416,6 +421,31 @@ def _split_key(node: NodeState, split: _Shared) -> tuple[int, ...]:
     states = split.split
     assert states is not None
     return tuple(k for u in node.gpus if (k := u.id_memo or u.state_id) in states)
+
+
+def _flat_multi(
+    shared: _Shared,
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...], bool]:
+    """`_Shared.flat` of a several-slice answer: its slices' (state, which GPU of it) in order, each GPU's slices
+    summed (`free_after` adds a GPU's slices before its term) at the position of its first, and whether any slice is
+    past its state's first GPU. Plain loops: most classes of a `usual` cluster give their answer to ~10 nodes."""
+    assert shared.multi is not None
+    picks: list[tuple[int, int]] = []
+    adds: dict[tuple[int, int], list[int]] = {}
+    deep = False
+    for _, slices in shared.multi:
+        for state, n, mem, cores in slices:
+            pick = (state, n)
+            one = adds.get(pick)
+            if one is None:
+                adds[pick] = [len(picks), mem, cores]
+            else:
+                one[1] += mem
+                one[2] += cores
+            picks.append(pick)
+            if n:
+                deep = True
+    return tuple(picks), tuple([(a[0], a[1], a[2]) for a in adds.values()]), deep
 
 
 def _own_names(result: NodeResult, pod: PodInfo) -> NodeResult:
@@ -919,34 +949,59 @@ class Planner:
     def _of_multi(self, node: NodeState, shared: _Shared, firsts: dict[int, GpuUsage] | None = None) -> NodeResult:
         """The class's answer for a pod of several slices on this node: for each slice the node's own GPU of the same
         state and rank in index order (the placement made when read); the class's score, or with the node's own
-        headroom (`role_parts`' arithmetic). `firsts`: the node's `first_of_state`, where the caller has it."""
-        assert shared.multi is not None
+        headroom (`free_after`'s and `role_parts`' arithmetic on the answer's slices, without a placement: the same
+        terms, replaced at the same positions, summed in index order). `firsts`: the node's `first_of_state`, where
+        the caller has it."""
         if firsts is None:
             firsts = node.first_of_state
-        devs: list[GpuDevice] = []
-        members: dict[int, list[GpuDevice]] | None = None
-        for _, slices in shared.multi:
-            for state, n, _, _ in slices:
-                if n == 0:
-                    devs.append(firsts[state].device)
-                    continue
-                if members is None:
-                    members = {}
-                    for u in node.gpus:
-                        members.setdefault(u.id_memo or u.state_id, []).append(u.device)
-                devs.append(members[state][n])
         score = shared.score
-        result = NodeResult.of_class(node.name, tuple(devs), shared, 0.0 if score is None else score)
-        if score is None:
-            placement = result.placement
-            assert placement is not None
-            rules = self.config.roles
-            head = rules.headroom_weight * min(1.0, free_after(node, placement) / rules.pair_headroom_gpus)
-            score = shared.policy_score + (shared.role_base + head)
-            if shared.linked is not None:
-                score += shared.linked
-            result.score = score
-        return result
+        if score is not None:  # the devices alone (each class's answer is read by ~10 nodes: no `flat` to make)
+            assert shared.multi is not None
+            devs: list[GpuDevice] = []
+            by_state: dict[int, list[GpuDevice]] | None = None
+            for _, slices in shared.multi:
+                for state, n, _, _ in slices:
+                    if n == 0:
+                        devs.append(firsts[state].device)
+                        continue
+                    if by_state is None:
+                        by_state = {}
+                        for u in node.gpus:
+                            by_state.setdefault(u.id_memo or u.state_id, []).append(u.device)
+                    devs.append(by_state[state][n])
+            return NodeResult.of_class(node.name, tuple(devs), shared, score)
+        flat = shared.flat
+        if flat is None:
+            flat = shared.flat = _flat_multi(shared)
+        picks, adds, deep = flat
+        us: list[GpuUsage] = []  # plain loops: a comprehension is a call of its own a node (CPython 3.11)
+        if deep:
+            members: dict[int, list[GpuUsage]] = {}
+            for u in node.gpus:
+                k = u.id_memo or u.state_id
+                of = members.get(k)
+                if of is None:
+                    members[k] = [u]
+                else:
+                    of.append(u)
+            for state, n in picks:
+                us.append(members[state][n])
+        else:
+            for state, _ in picks:
+                us.append(firsts[state])
+        out = list(_terms(node))
+        positions = node.positions
+        for at, mem, cores in adds:
+            u = us[at]
+            dev = u.device
+            used = max((u.memory_used + mem) / dev.memory_mib, (u.cores_used + cores) / dev.cores)
+            out[positions[dev.uuid]] = max(0.0, 1.0 - used)
+        rules = self.config.roles
+        head = rules.headroom_weight * min(1.0, sum(out) / rules.pair_headroom_gpus)
+        score = shared.policy_score + (shared.role_base + head)
+        if shared.linked is not None:
+            score += shared.linked
+        return NodeResult.of_class(node.name, tuple([u.device for u in us]), shared, score)
 
     def _share(
         self, node: NodeState, fit: NodePlacement, policy_score: float, base: float, head: float | None, score: float

@@ -285,3 +285,48 @@ def test_a_one_container_pod_splits_a_tied_class_by_the_states_it_takes(monkeypa
     # The states taken, in order: n0, n1, n2 (m, m); n3, n4 (x, m); n5 (m, x): one full fit for each.
     assert sorted(fits) == ["n0", "n3", "n5"]
     _exact(ev, _fresh(p, pod, list(state.nodes)))
+
+
+@pytest.mark.parametrize(("percent", "cores"), [(25, 10), (10, 25)])  # memory's share the larger; the SMs'
+def test_a_gpu_holding_two_slices_of_the_answer_counts_both_in_each_nodes_headroom(
+    monkeypatch: pytest.MonkeyPatch, percent: int, cores: int
+) -> None:
+    """A prefill of two containers on nodes with one GPU left (at rotated indices): both slices go on it, and
+    with 0.5 GPU-equivalents left or more (under the 2.5 cap) each node's score takes its own headroom, which must count the
+    GPU's two slices together (`_Shared.flat`), as the node's own full fit does."""
+    full = [(g, 100, Role.PREFILL_DECODE, None) for g in range(1, 8)]
+    state = _identical(12, full, shuffle=True)
+    p = Planner(state)
+    pod = make_info(
+        "c",
+        role="prefill",
+        model="m",
+        containers=[
+            make_container("a", gpumem_percentage=percent, gpucores=cores),
+            make_container("b", gpumem_percentage=percent, gpucores=cores),
+        ],
+    )
+    fits = _full_fits(monkeypatch)
+    ev = p.evaluate(pod)
+    assert len(fits) == 1 and len(ev.feasible) == 12
+    for r in ev.feasible.values():
+        assert r.placement is not None
+        a, b = r.placement.containers
+        assert a.devices[0].uuid == b.devices[0].uuid
+    _exact(ev, _fresh(p, pod, list(state.nodes)))
+
+
+def test_a_second_gpu_of_a_state_is_the_nodes_own_in_the_headroom_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill of 2 x 30 % on nodes with two empty GPUs (at rotated indices): it takes both, the second being its
+    state's second GPU, and each node's score takes its own headroom (1.4 GPU-equivalents left, under the cap)."""
+    full = [(g, 100, Role.PREFILL_DECODE, None) for g in range(2, 8)]
+    state = _identical(12, full, shuffle=True)
+    p = Planner(state)
+    pod = make_info("c", role="prefill", model="m", gpu=2, gpumem_percentage=30, gpucores=30)
+    fits = _full_fits(monkeypatch)
+    ev = p.evaluate(pod)
+    assert len(fits) == 1 and len(ev.feasible) == 12
+    for r in ev.feasible.values():
+        assert r.placement is not None
+        assert len({d.uuid for d in r.placement.containers[0].devices}) == 2
+    _exact(ev, _fresh(p, pod, list(state.nodes)))
