@@ -420,7 +420,7 @@ def _split_key(node: NodeState, split: _Shared) -> tuple[int, ...]:
         return tuple(t[2] for t in picked[: split.take])
     states = split.split
     assert states is not None
-    return tuple(k for u in node.gpus if (k := u.id_memo or u.state_id) in states)
+    return tuple([k for u in node.gpus if (k := u.id_memo or u.state_id) in states])  # a list: no generator to resume
 
 
 def _flat_multi(
