@@ -49,9 +49,7 @@ import gc
 import hashlib
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import callgrind_windows
 from benchmarks.extender_latency import GPU_MEM, TEMPLATES, make_cluster, make_pod
 from vgpu.annotations import Assignment, ContainerAssignment, DeviceSlice
 from vgpu.clusterfile import parse_cluster
@@ -195,67 +194,42 @@ GATE_ENV = "COLD_SHAPE_GATE"  # set by --callgrind for the child run under valgr
 
 
 def gate(tag: str) -> None:
-    """Under --callgrind: say where the run is and wait for the parent to switch counting on or off."""
-    folder = os.environ.get(GATE_ENV)
-    if not folder:
-        return
-    print(f"GATE {tag}", flush=True)
-    go = Path(folder) / f"go-{tag}"
-    while not go.exists():
-        time.sleep(0.05)
+    """Under --callgrind: wait while the parent switches counting (benchmarks.callgrind_windows)."""
+    callgrind_windows.gate(GATE_ENV, tag)
 
 
 def callgrind(argv: list[str]) -> int:
     """Re-run this script under valgrind (one pass), counting each shape's pass alone; print its instructions."""
-    folder = Path(tempfile.mkdtemp(prefix="cold-shape-cg-"))
-    out = folder / "cg.out"
     args = [x for x in argv if x != "--callgrind"]
-    child = [sys.executable, str(Path(__file__).resolve()), *args, "--passes", "1"]
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *child],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, GATE_ENV: str(folder)},
+    windows, rc = callgrind_windows.run_windows(
+        __file__,
+        [*args, "--passes", "1"],
+        GATE_ENV,
+        lambda line: print(line, end="", flush=True),
+        keep=bool(os.environ.get("COLD_SHAPE_KEEP")),
     )
-    assert proc.stdout is not None
-    order: list[str] = []
-    for line in proc.stdout:
-        if not line.startswith("GATE "):
-            print(line, end="", flush=True)
-            continue
-        tag = line.split()[1]
-        what, label = tag.split("-", 1)
-        pid = str(proc.pid)
-        if what == "start":
-            subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
-            subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
-            order.append(label)
-        else:
-            subprocess.run(["callgrind_control", f"--dump={label}", pid], check=True, capture_output=True)
-            subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
-        (folder / f"go-{tag}").touch()
-    proc.wait()
-    totals: dict[str, int] = {}
-    for dump in folder.glob("cg.out.*"):
-        lines = dump.read_text(errors="replace").splitlines()
-        label = next((ln.rsplit(" ", 1)[-1].strip() for ln in lines if ln.startswith("desc: Trigger")), "")
-        totals[label] = next((int(ln.split()[1]) for ln in lines if ln.startswith(("summary:", "totals:"))), 0)
-    for label in order:
-        print(f"callgrind {label}: {totals.get(label, 0) / 1e6:,.1f} M instructions")
-    if not os.environ.get("COLD_SHAPE_KEEP"):
-        shutil.rmtree(folder, ignore_errors=True)
-    return proc.returncode
+    for label, total in windows:  # with --cluster both: usual's shapes, then packed's
+        print(f"callgrind {label}: {total / 1e6:,.1f} M instructions")
+    return rc
 
 
 def run(
-    state: ClusterState, passes: int, learn: int, policy: str, pods: list[PodInfo], labels: list[str] | None = None
+    state: ClusterState,
+    passes: int,
+    learn: int,
+    policy: str,
+    pods: list[PodInfo],
+    labels: list[str] | None = None,
+    cluster: str = "",
 ) -> tuple[list[float], str]:
+    """Each shape's least CPU over `passes` fresh planners, and a digest of the first pass's answers; `cluster`
+    prefixes the --callgrind windows' labels."""
     best = [float("inf")] * len(pods)
     h = hashlib.sha256()
     for p in range(passes):
         planner = learned_planner(state, learn, policy)
         for i, pod in enumerate(pods):
-            tag = f"{labels[i] if labels else i}".replace(" ", "_").replace("%", "pct").replace("+", "_")
+            tag = f"{cluster}{labels[i] if labels else i}".replace(" ", "_").replace("%", "pct").replace("+", "_")
             counted = GATE_ENV in os.environ
             if counted:  # no collection in a counted window: where one falls moves with any allocation elsewhere
                 gc.collect()
@@ -346,7 +320,6 @@ def rescorings(nodes: int, gpus: int, seed: int, learn: int) -> tuple[list[float
     """CPU ms of each new shape's cycle and of each learning re-scoring, and each full collection's ms among them."""
     import gc
     import json
-    import tempfile
 
     from benchmarks.extender_latency import make_cluster as cluster_doc
     from scheduler_extender import gcpause, schema
@@ -445,7 +418,7 @@ def main() -> int:
             )
             where(state, args.passes, args.learn, args.policy, labels, pods)
             continue
-        best, digest = run(state, args.passes, args.learn, args.policy, pods, labels)
+        best, digest = run(state, args.passes, args.learn, args.policy, pods, labels, f"{kind}:")
         ms = [b * 1000 for b in best]
         print(
             f"{kind:6} {args.nodes} nodes x {args.gpus} GPUs ({distinct} distinct node states, {multisets} as multisets), policy {args.policy}: "

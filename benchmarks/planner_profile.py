@@ -32,8 +32,6 @@ import json
 import os
 import pstats
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +45,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vgpu.planner as planner_mod
+from benchmarks import callgrind_windows
 from benchmarks import extender_latency as lat
 from benchmarks import scale as scale_bench
 from kube_vgpu_dev.stack import GPU_MEM, SPLIT
@@ -178,14 +177,8 @@ class Counts:
 
 
 def gate(tag: str) -> None:
-    """Under --callgrind: say where the run is and wait for the parent to switch counting."""
-    folder = os.environ.get(GATE_ENV)
-    if not folder:
-        return
-    print(f"GATE {tag}", flush=True)
-    go = Path(folder) / f"go-{tag}"
-    while not go.exists():
-        time.sleep(0.1)
+    """Under --callgrind: wait while the parent switches counting (benchmarks.callgrind_windows)."""
+    callgrind_windows.gate(GATE_ENV, tag)
 
 
 def measure(
@@ -310,46 +303,20 @@ def run_scale(a: argparse.Namespace, tmp: Path) -> Driver:
 
 
 def callgrind(argv: list[str]) -> int:
-    """Re-run this script under valgrind, counting only the last measured window; print its instructions a pod."""
-    folder = Path(tempfile.mkdtemp(prefix="planner-cg-"))
-    out = folder / "cg.out"
-    child = [sys.executable, str(Path(__file__).resolve()), *[x for x in argv if x != "--callgrind"]]
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *child],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, GATE_ENV: str(folder)},
-    )
-    assert proc.stdout is not None
-    windows: dict[str, int] = {}
+    """Re-run this script under valgrind, counting only the measured windows; print their instructions a pod."""
     pods: dict[str, int] = {}
-    for line in proc.stdout:
+
+    def line_of(line: str) -> None:
         print(line, end="", flush=True)
-        if line.startswith("GATE "):
-            tag = line.split()[1]
-            what, label = tag.split("-", 1)
-            cmd = ["callgrind_control", "-i", "on" if what == "start" else "off", str(proc.pid)]
-            if what == "stop":
-                subprocess.run(["callgrind_control", "-d", label, str(proc.pid)], check=True, capture_output=True)
-            subprocess.run(cmd, check=True, capture_output=True)
-            if what == "start":
-                subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-            (folder / f"go-{tag}").touch()
-        elif ": " in line and " pods, CPU " in line:
+        if ": " in line and " pods, CPU " in line:
             label, rest = line.split(": ", 1)
             pods[label.replace(" ", "_")] = int(rest.split()[0])
-    proc.wait()
-    for dump in sorted(folder.glob("cg.out.*")):
-        text = dump.read_text(errors="replace")
-        label = next((ln.split(": ", 1)[1].strip() for ln in text.splitlines() if ln.startswith("desc: Trigger")), "")
-        total = next((int(ln.split()[1]) for ln in text.splitlines() if ln.startswith(("summary:", "totals:"))), 0)
-        label = label.rsplit(" ", 1)[-1]  # "Trigger: dump <label>" (callgrind_control -d)
-        windows[label] = total
-    for label, total in windows.items():
+
+    windows, rc = callgrind_windows.run_windows(__file__, [x for x in argv if x != "--callgrind"], GATE_ENV, line_of)
+    for label, total in windows:
         n = pods.get(label, 0)
         print(f"callgrind {label}: {total:,} instructions" + (f", {total / n / 1e6:.3f} M a pod" if n else ""))
-    shutil.rmtree(folder, ignore_errors=True)
-    return proc.returncode
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
