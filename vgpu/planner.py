@@ -28,7 +28,7 @@ from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, judge_with, role_rank
 from vgpu.placement import registry
 from vgpu.placement.base import NodePolicy
-from vgpu.placement.role_score import _terms, free_after, headroom_one, role_parts
+from vgpu.placement.role_score import free_after, free_terms, headroom_one, role_parts
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState, GpuUsage, NodeState, slice_blocker
 from vgpu.topology import placement_score
@@ -989,7 +989,7 @@ class Planner:
         else:
             for state, _ in picks:
                 us.append(firsts[state])
-        out = list(_terms(node))
+        out = list(free_terms(node))
         positions = node.positions
         for at, mem, cores in adds:
             u = us[at]

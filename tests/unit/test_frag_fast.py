@@ -388,7 +388,7 @@ def test_frees_terms_and_the_gpu_order_s_take_are_the_plain_formulas(seed: int) 
     for k in range(200):
         node = _odd_node(rng, f"n{k}")
         assert node_frees(node) == tuple(free_milli(u) for u in node.gpus)
-        terms = role_score._terms(node)
+        terms = role_score.free_terms(node)
         plain = tuple(max(0.0, 1.0 - u.used_share) for u in node.gpus)
         assert all(_same(a, b) for a, b in zip(terms, plain, strict=True)), (terms, plain)
         policy = Fgd()

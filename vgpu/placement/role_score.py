@@ -76,7 +76,7 @@ def role_parts(node: NodeState, placement: NodePlacement, pod: PodInfo, rules: R
 
 def headroom_one(node: NodeState, u: GpuUsage, memory_mib: int, cores: int, rules: RoleRules) -> float:
     """`role_parts`' headroom for a placement of one slice (`memory_mib`, `cores`) on GPU `u` of `node`."""
-    terms = _terms(node)
+    terms = free_terms(node)
     dev = u.device
     out = list(terms)
     out[node.positions[dev.uuid]] = max(
@@ -85,7 +85,7 @@ def headroom_one(node: NodeState, u: GpuUsage, memory_mib: int, cores: int, rule
     return rules.headroom_weight * min(1.0, sum(out) / rules.pair_headroom_gpus)
 
 
-def _terms(node: NodeState) -> tuple[float, ...]:
+def free_terms(node: NodeState) -> tuple[float, ...]:
     memo = node.free_terms_memo
     if memo is None or memo[0] != node.version:
         # `GpuUsage.used_share` written out (the same two divisions and max, so the same floats) without a property
@@ -115,7 +115,7 @@ def free_after(node: NodeState, placement: NodePlacement) -> float:
     last = _LAST_FREE
     if last is not None and last[2] is placement and last[0] is node and last[1] == node.version:
         return last[3]
-    terms = _terms(node)
+    terms = free_terms(node)
     containers = placement.containers
     if len(containers) == 1 and len(containers[0].devices) == 1:  # one slice (most pods): no totals per GPU to add up
         d = containers[0].devices[0]
