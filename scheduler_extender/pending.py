@@ -22,11 +22,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from scheduler_extender.schema import MAX_NAME, MAX_NAMESPACE, MAX_UID
+
 TTL_S = 600.0  # twice kube-scheduler's default podMaxInUnschedulablePodsDuration
 MAX_PENDING = 5000
-# What kube holds: a namespace is a DNS label (63), a pod name a DNS subdomain (253); UIDs are UUIDs (36), and 128
-# leaves room for any apiserver's.
-MAX_NAMESPACE, MAX_NAME, MAX_UID = 63, 253, 128
 
 
 class Nudger(Protocol):

@@ -15,6 +15,11 @@ from pydantic_core import PydanticCustomError
 # The error type of a body field whose message names its whole path itself (scheduler_extender.app prints it alone).
 WHOLE_PATH = "wire_field"
 
+# The longest names kube holds: a namespace is a DNS label (63), a pod or node name a DNS subdomain (253)
+# (k8s.io/apimachinery v0.34 pkg/util/validation/validation.go: DNS1123LabelMaxLength, DNS1123SubdomainMaxLength);
+# UIDs are UUIDs (36), and 128 leaves room for any apiserver's. A longer one in a body is made up.
+MAX_NAMESPACE, MAX_NAME, MAX_UID = 63, 253, 128
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -33,10 +38,13 @@ class ExtenderArgs(_Wire):
 
 
 class ExtenderBindingArgs(_Wire):
-    PodName: str = Field(min_length=1)
-    PodNamespace: str = Field(min_length=1)
-    PodUID: str = ""
-    Node: str = Field(min_length=1)
+    """Each name bounded by what kube holds: a refused bind names its node and pod in the answer, the log and the
+    event, so an unbounded one would repeat a 16 MiB body in each."""
+
+    PodName: str = Field(min_length=1, max_length=MAX_NAME)
+    PodNamespace: str = Field(min_length=1, max_length=MAX_NAMESPACE)
+    PodUID: str = Field(default="", max_length=MAX_UID)
+    Node: str = Field(min_length=1, max_length=MAX_NAME)
 
 
 class ExtenderPreemptionArgs(_Wire):

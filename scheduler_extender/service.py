@@ -278,6 +278,7 @@ class ExtenderService:
         out (scheduler_extender.preempt). Victims, priority and the hold are sized from the pod the apiserver
         holds, never from the body sent (`_pod_to_preempt_for`)."""
         given = given_victims(args.NodeNameToMetaVictims, args.NodeNameToVictims)
+        self._check_count(list(given), "preempt")  # each candidate node costs a victim search under the lock
         pod = self._pod_to_preempt_for(args.Pod)
         if pod is None:
             return {"NodeNameToMetaVictims": {}}

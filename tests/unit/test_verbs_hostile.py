@@ -217,6 +217,19 @@ def test_names_that_are_no_node_fail_with_the_no_inventory_reason_and_are_not_re
     assert _filter(svc, pod, every, items=items) == _filter(fresh, pod, every, items=items)
 
 
+def test_the_count_of_preempt_candidates_is_bounded_like_the_names_of_filter() -> None:
+    """/preempt runs a victim search under the state lock for each candidate node the body names: 15,001 made-up
+    nodes were all searched. The count is bounded by --max-node-names as /filter's names are."""
+    svc = _service(max_node_names=3)
+    pod = _pod("p")
+    _pods(svc)["ns/p"] = copy.deepcopy(pod)
+    victims = {f"full{i}": {"Pods": [{"UID": f"uid-hog{i}"}]} for i in range(4)}
+    with pytest.raises(BadRequest, match=r"preempt: 4 nodes in one call; at most 3 allowed \(--max-node-names\)"):
+        svc.preempt(schema.ExtenderPreemptionArgs(Pod=copy.deepcopy(pod), NodeNameToMetaVictims=victims))
+    del victims["full3"]
+    assert isinstance(svc.preempt(schema.ExtenderPreemptionArgs(Pod=pod, NodeNameToMetaVictims=victims)), dict)
+
+
 def test_the_count_of_names_is_bounded_and_the_refusal_says_by_what() -> None:
     """--max-node-names (15,000) counts names as sent, duplicates included: 15,000 copies of one name are
     answered (that name once, consistently), 15,001 or 100,000 names are a 400 naming the count and the setting."""
@@ -386,6 +399,13 @@ def test_malformed_bodies_are_a_400_that_names_the_field(body: dict[str, Any], s
         ({"PodName": "p", "PodNamespace": "ns", "Node": ""}, "Node: String should have at least 1 character"),
         ({"PodName": "p", "PodNamespace": "ns"}, "Node: Field required"),
         ({"PodName": ["p"], "PodNamespace": "ns", "Node": "n01"}, "PodName: Input should be a valid string"),
+        ({"PodName": "p", "PodNamespace": "ns", "Node": "n" * 254}, "Node: String should have at most 253 characters"),
+        ({"PodName": "p" * 254, "PodNamespace": "ns", "Node": "n01"}, "PodName: String should have at most 253"),
+        ({"PodName": "p", "PodNamespace": "n" * 64, "Node": "n01"}, "PodNamespace: String should have at most 63"),
+        (
+            {"PodName": "p", "PodNamespace": "ns", "PodUID": "u" * 129, "Node": "n01"},
+            "PodUID: String should have at most 128",
+        ),
     ],
 )
 def test_malformed_binds_are_a_400_that_names_the_field(body: dict[str, Any], says: str) -> None:
@@ -393,6 +413,24 @@ def test_malformed_binds_are_a_400_that_names_the_field(body: dict[str, Any], sa
     with pytest.raises(BadRequest, match="bind: invalid ExtenderBindingArgs") as refused:
         _serve(json.dumps(body).encode(), "bind", schema.ExtenderBindingArgs, svc.bind)
     assert says in str(refused.value)
+
+
+def test_a_bind_naming_a_huge_node_is_refused_in_a_short_answer_that_changes_nothing() -> None:
+    """A refused bind names its node in the answer, the log line and the pod's event: a 16 MiB Node (under the body
+    limit) was repeated in each. Names longer than kube holds are a 400 before the verb runs, its message bounded."""
+    svc = _service()
+    pod = _pod("p", uid="uid-p")
+    _pods(svc)["ns/p"] = copy.deepcopy(pod)
+    before = dict(svc.state.assignments)
+    body = {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-p", "Node": "n" * (8 << 20)}
+    with pytest.raises(BadRequest) as refused:
+        _serve(json.dumps(body).encode(), "bind", schema.ExtenderBindingArgs, svc.bind)
+    assert "Node: String should have at most 253 characters" in str(refused.value)
+    assert len(str(refused.value)) <= 2048
+    assert svc.state.assignments == before and not svc.binder.bind_tried  # type: ignore[attr-defined]
+    # The longest name kube allows still reaches the verb, and is refused there as a node it does not know.
+    answer = _serve(json.dumps({**body, "Node": "n" * 253}).encode(), "bind", schema.ExtenderBindingArgs, svc.bind)
+    assert "n" * 253 in answer["Error"] and svc.state.assignments == before
 
 
 def test_a_forged_assignment_in_a_filter_body_changes_neither_the_answer_nor_the_state() -> None:
@@ -420,7 +458,7 @@ BIND_REFUSALS: dict[str, tuple[str, dict[str, str], str]] = {
     # case: (node, fields overridden, what the error says besides the pod and the node)
     "node-never-known": ("ghost", {}, f"no longer fits: {NO_INVENTORY}"),
     "node-name-unicode": ("n\u00f6de-\u2603", {}, f"no longer fits: {NO_INVENTORY}"),
-    "node-name-long": ("n" * 10_000, {}, f"no longer fits: {NO_INVENTORY}"),
+    "node-name-longest": ("n" * 253, {}, f"no longer fits: {NO_INVENTORY}"),  # longer: a 400 (schema.MAX_NAME)
     "node-left": ("n07", {}, f"no longer fits: {NO_INVENTORY}"),
     "node-full": (
         "full0",
@@ -750,9 +788,10 @@ def test_a_refused_bind_naming_a_pods_uid_does_not_stop_that_pod_being_learned()
 
 def test_refused_binds_with_made_up_uids_are_not_remembered() -> None:
     """Each refused bind left its PodUID in Learning._seeded, dropped only by a DELETED event for that UID or a
-    relist: 200 binds with 64 KiB made-up UIDs held 12.5 MiB (tracemalloc), without bound."""
+    relist: 200 binds with 64 KiB made-up UIDs held 12.5 MiB (tracemalloc), without bound. (The wire model now
+    refuses a UID over 128 characters; made-up ones of the longest allowed are still not remembered.)"""
     svc = _service("default")
-    uids = [f"made-up-{i}-" + "u" * 1024 for i in range(50)]
+    uids = [f"made-up-{i}-" + "u" * 100 for i in range(50)]
     for uid in uids:
         assert svc.bind(_bind_args(_pod("nobody"), "n01", PodUID=uid))["Error"].endswith("pod not found")
     assert not [uid for uid in uids if svc.learning.knows(uid)]
