@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 
 from scheduler_extender import gcpause
 from scheduler_extender.app import create_app, create_health_app
+from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.service import ExtenderService, ServiceOptions
 from scheduler_extender.settings import ENV_PREFIX, SCHEMA, ExtenderSettings, SettingsError, read_text
 from vgpu.errors import VgpuError
@@ -92,6 +93,10 @@ def _start_health_server(
     return server, thread
 
 
+def _metrics(s: ExtenderSettings, state: ClusterState) -> ExtenderMetrics:
+    return ExtenderMetrics(state, per_gpu=s.allocation_metrics == "per-gpu")
+
+
 def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, Election | None]:
     """The service plus, for the kube source, the running source (so callers can stop it) and, with
     --leader-elect, the election (so main can release the lease on shutdown)."""
@@ -115,7 +120,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
             state.classify()  # what the first pass would work out, frozen with the state
         binder = FileBinder(state, nodes, state_lock=lock, persist_to=s.cluster_file if s.persist else None)
         options = dataclasses.replace(options, pods_from_filter=True)  # no apiserver to read pods from
-        service = ExtenderService(state, binder, options=options, lock=lock)
+        service = ExtenderService(state, binder, options=options, lock=lock, metrics=_metrics(s, state))
         service.ready.set()
         return service, None, None
     import functools
@@ -124,7 +129,6 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
 
     from scheduler_extender.kube import CallTimeouts, KubeBinder, configure_timeouts, core_api, list_pdbs, nudge_pod
     from scheduler_extender.leadership import start_leader_election
-    from scheduler_extender.metrics import ExtenderMetrics
     from scheduler_extender.requeue import Requeuer
     from scheduler_extender.sources.kube import KubeSource
 
@@ -153,7 +157,7 @@ def build_service(s: ExtenderSettings) -> tuple[ExtenderService, object | None, 
         )
     )
     api = core_api()  # its connection pool sized for the verbs' worker threads (kube.POOL_SIZE)
-    metrics = ExtenderMetrics(state)
+    metrics = _metrics(s, state)
     requeuer = Requeuer(
         functools.partial(nudge_pod, api),
         max_pods=s.requeue_max_pods,

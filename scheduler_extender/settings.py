@@ -62,6 +62,12 @@ class ExtenderSettings(BaseModel):
     enable_state: bool = Field(
         default=False, description="serve GET /state (every pod's slices and GPU UUIDs) on --port, behind the same mTLS"
     )
+    allocation_metrics: Literal["per-gpu", "per-node"] = Field(
+        default="per-gpu",
+        description="the allocation view on /metrics: per-gpu (vgpu_gpu_* and vgpu_node_*, ~7.5 samples a GPU: "
+        "~300,000 at 5,000 nodes x 8 GPUs) or per-node (vgpu_node_* only, 6 a node); per-node past ~1,000 nodes, "
+        "where Prometheus keeps every series in memory",
+    )
     source: Literal["kube", "file"] = Field(default="kube", description="where the cluster state comes from")
     cluster_file: Path | None = Field(default=None, description="cluster file for --source file")
     persist: bool = Field(default=False, description="write binds back to the cluster file (atomic rename)")

@@ -309,6 +309,7 @@ def test_extender_values_become_its_settings(helm: str) -> None:
         "extender.narrowFilter": True,
         "extender.filterAnswersOne": True,
         "extender.priorityMapping": "minmax",
+        "extender.allocationMetrics": "per-node",
         "extender.bindGraceSeconds": 45,
         "extender.relearnIntervalSeconds": 120,
         "extender.requeueMaxPods": 7,
@@ -324,7 +325,7 @@ def test_extender_values_become_its_settings(helm: str) -> None:
     assert (s.node_policy, s.gpu_policy, s.narrow_filter, s.priority_mapping) == ("spread", "binpack", True, "minmax")
     assert (s.bind_grace_seconds, s.relearn_interval_seconds, s.log_level, s.log_format) == (45, 120, "debug", "text")
     assert s.port == 9443 and s.source == "kube" and s.requeue_max_pods == 7
-    assert s.requeue_interval_seconds == 0.5 and s.filter_answers_one
+    assert s.requeue_interval_seconds == 0.5 and s.filter_answers_one and s.allocation_metrics == "per-node"
     assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == "my-extender-tls"
     assert chart[("Service", "vgpu-extender")]["spec"]["ports"][0]["port"] == 9443
     cfg = yaml.safe_load(chart[("ConfigMap", "vgpu-scheduler-config")]["data"]["kube-scheduler-config.yaml"])

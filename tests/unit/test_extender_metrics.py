@@ -61,3 +61,29 @@ def test_served_text_equals_the_collector_through_changes() -> None:
     assert same()[("vgpu_node_cordoned_gpus", (("Hostname", "a"),))] == 1
     state.remove_node('b"\\odd\nname')
     assert not any(dict(k[1]).get("Hostname", "").startswith("b") for k in same())
+
+
+def test_per_node_mode_serves_the_per_gpu_view_without_its_gpu_families() -> None:
+    """--allocation-metrics per-node: no vgpu_gpu_* family, every other sample as the per-gpu view has it (the served
+    text and the registry's collector alike), through a bind and a release."""
+    state = ClusterState()
+    full, per_node = ExtenderMetrics(state), ExtenderMetrics(state, per_gpu=False)
+    lock = threading.RLock()
+
+    def both() -> None:
+        want = {k: v for k, v in _samples(full.exposition(lock).decode()).items() if not k[0].startswith("vgpu_gpu_")}
+        assert len(want) < len(_samples(full.exposition(lock).decode()))  # the full view had per-GPU samples
+        assert _samples(per_node.exposition(lock).decode()) == want
+        assert _samples(generate_latest(per_node.registry).decode()) == want
+
+    for name in ("a", "b"):
+        state.upsert_node(_inventory(name))
+    both()
+    state.apply("ns/p", _slice("a", 1, 20000, Role.PREFILL))
+    both()
+    assert (
+        _samples(per_node.exposition(lock).decode())[("vgpu_node_memory_allocated_bytes", (("Hostname", "a"),))]
+        == 20000 * 1024 * 1024
+    )
+    state.release("ns/p")
+    both()

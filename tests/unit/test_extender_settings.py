@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -270,6 +271,12 @@ CASES: dict[str, tuple[str, dict[str, str], Probe, object]] = {
         FILE,
         lambda r: "/state" in [getattr(x, "path", "") for x in r.main()["app"].routes],
         True,
+    ),
+    "allocation_metrics": (
+        "per-node",
+        FILE,
+        lambda r: b"vgpu_gpu_" in r.build()[0].metrics.exposition(threading.RLock()),
+        False,
     ),
     "source": ("file", {"cluster_file": str(DEMO_CLUSTER)}, lambda r: type(r.build()[0].binder).__name__, "FileBinder"),
     "cluster_file": (str(DEMO_CLUSTER), {"source": "file"}, lambda r: len(r.build()[0].state.nodes), 4),
