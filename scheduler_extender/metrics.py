@@ -51,7 +51,8 @@ _TOTALS = (
 Rows = tuple[list[tuple[tuple[str, ...], float]], ...]  # per family: (label values, value)
 
 
-def _node_rows(node: NodeState) -> Rows:
+def _node_rows(node: NodeState, per_gpu: bool = True) -> Rows:
+    """Every family's rows for one node; without `per_gpu` the per-GPU families' stay empty."""
     rows: Rows = tuple([] for _ in _FAMILIES)
     mem_total, mem_alloc, cores, sharers, roles, healthy, cordoned = rows[:7]
     node_alloc, node_mem_total, node_cores, node_cordoned, cordon_invalid = rows[7:]
@@ -59,6 +60,12 @@ def _node_rows(node: NodeState) -> Rows:
     used_sum = mem_sum = cores_used = cores_sum = 0
     for u in node.gpus:
         d = u.device
+        used_sum += u.memory_used
+        mem_sum += d.memory_mib
+        cores_used += u.cores_used
+        cores_sum += d.cores
+        if not per_gpu:
+            continue
         lv = (node.name, str(d.index), d.uuid, d.model)
         mem_total.append((lv, d.memory_mib * MIB))
         mem_alloc.append((lv, u.memory_used * MIB))
@@ -70,10 +77,6 @@ def _node_rows(node: NodeState) -> Rows:
         for h in u.holders:
             by_role[h.role.value] = by_role.get(h.role.value, 0) + 1
         roles.extend(((*lv, role), n) for role, n in sorted(by_role.items()))
-        used_sum += u.memory_used
-        mem_sum += d.memory_mib
-        cores_used += u.cores_used
-        cores_sum += d.cores
     node_alloc.append(((node.name,), used_sum * MIB))
     node_mem_total.append(((node.name,), mem_sum * MIB))
     node_cores.append(((node.name,), cores_used / cores_sum if cores_sum else 0.0))
@@ -108,6 +111,7 @@ class AllocationCollector(Collector):
 
     def __init__(self, state: ClusterState, *, per_gpu: bool = True) -> None:
         self.state = state
+        self.per_gpu = per_gpu
         self.families = tuple(i for i, f in enumerate(_FAMILIES) if per_gpu or not f[0].startswith("vgpu_gpu_"))
         # node name -> (the NodeState, its version, rows, text per family)
         self._cache: dict[str, tuple[NodeState, int, Rows, tuple[str, ...]]] = {}
@@ -118,7 +122,7 @@ class AllocationCollector(Collector):
         for name, node in self.state.nodes.items():
             hit = cache.get(name)
             if hit is None or hit[0] is not node or hit[1] != node.version:
-                rows = _node_rows(node)
+                rows = _node_rows(node, self.per_gpu)
                 text = tuple(_lines(_FAMILIES[i][0], _FAMILIES[i][2], rows[i]) for i in self.families)
                 hit = cache[name] = (node, node.version, rows, text)
             out.append((hit[2], hit[3]))
