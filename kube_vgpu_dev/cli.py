@@ -38,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
         "carrying a device-plugin inventory (H100-80GB, 10 slices per GPU)",
     )
     sub.add_parser("build", help="build/install the binaries (cached) and print where they are")
+    nat = sub.add_parser(
+        "native",
+        help="copy the packages into OUT and compile the placement core there with mypyc (kube_vgpu_dev.native); "
+        "run a benchmark from OUT to use it (benchmarks/native_speed.py compares both)",
+    )
+    nat.add_argument("out", type=Path, help="a new folder for the compiled tree")
     return ap
 
 
@@ -46,6 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "build":
         bd, etcd = ensure_binaries()
         print(f"bin dir: {bd}\netcd:    {etcd}")
+        return 0
+    if args.cmd == "native":
+        from kube_vgpu_dev.native import NATIVE_MODULES, NativeBuildError, build
+
+        try:
+            tree = build(args.out)
+        except NativeBuildError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"compiled {len(NATIVE_MODULES)} modules into {tree}; e.g. cd {tree} && python benchmarks/cold_shape.py")
         return 0
     if args.nodes < 0 or args.gpus < 0:
         print(f"--nodes and --gpus take 0 or more (got {args.nodes}, {args.gpus})", file=sys.stderr)

@@ -424,10 +424,10 @@ def _fit_one(
             if len(slots) >= _SLOTS_LIMIT:
                 slots.clear()
             slot = slots[key] = _slot(u, pod, config, by_role_order) or _BLOCKED
-        if slot is _BLOCKED:
+        if slot[0] < 0:  # `_BLOCKED`, by value: compiled (mypyc) code does not keep a tuple's identity
             continue
         mem, cores, by_role = slot
-        order: float = by_role
+        order = float(by_role)
         if near and by_role == 0 and dev.uuid in near:
             order = -0.5
         cand = (order, rank(u, mem, cores, pod), dev.index)

@@ -36,6 +36,9 @@ from vgpu.state import NodeState
 
 REBUILD_L1 = 0.1
 _EAGER = 16
+# `FragAware.scale` until the workload narrows it (a constant, not the class attribute: compiled with mypyc, a class's
+# attribute default is not readable from the class).
+WIDE_SCALE = 2.0 * MILLI
 _STEADY = 1024
 
 
@@ -50,7 +53,7 @@ class FragAware(Fgd):
     with_memory = True
     # Step width (see the module docstring): `scale` until the first rebuild and whenever at least
     # `whole_share_full` of the GPU pods seen ask for whole cards, narrowing linearly to `scale_sharing`.
-    scale = 2.0 * MILLI
+    scale = WIDE_SCALE
     scale_sharing: float | None = 1.5 * MILLI  # None: keep `scale` whatever the workload
     whole_share_full = 0.5
     # Whole-GPU task shapes count half in the workload (see the module docstring).
@@ -81,7 +84,7 @@ class FragAware(Fgd):
 
     def scale_for(self, counts: dict[TaskShape, int]) -> float:
         """The step width for a workload seen as these shape counts (see the module docstring)."""
-        wide = type(self).scale
+        wide = WIDE_SCALE
         if self.scale_sharing is None:
             return wide
         gpu_pods = sum(n for s, n in counts.items() if s.count)
@@ -137,7 +140,7 @@ class FragAwareWholeFull(FragAware):
 
     name = "fragaware-wg100"
     whole_gpu_weight = 1.0
-    scale_sharing = None
+    scale_sharing: float | None = None
     gpu_steps = True
 
 
@@ -149,7 +152,7 @@ class FragAwareFixedSteps(FragAware):
     """The default before the workload-dependent step width (always 2000), kept for the comparison."""
 
     name = "fragaware-s2000"
-    scale_sharing = None
+    scale_sharing: float | None = None
     gpu_steps = True
 
 
