@@ -162,11 +162,15 @@ class AllocationCollector(Collector):
         node's cached text is picked up and the nodes that changed are redone, at most `chunk` of them a hold, the
         lock let go in between. The first scrape after a start redoes every node: at 5,000 nodes x 8 GPUs 2-3 s of
         CPU in one hold had stalled every verb for as long (kube-scheduler's extender httpTimeout is 5 s by default)."""
-        while True:
+        for _ in range(len(self.state.nodes) // chunk + 8):
             with lock:
                 nodes = self._current(chunk)
                 if nodes is not None:
                     return self._render(nodes)
+        with lock:  # nodes changed faster than a hold redid them: the rest in one hold rather than chase them for ever
+            nodes = self._current()
+            assert nodes is not None
+            return self._render(nodes)
 
     def _render(self, nodes: list[tuple[Rows, tuple[str, ...]]]) -> list[str]:
         out: list[str] = []

@@ -124,3 +124,32 @@ def test_a_scrape_redoes_at_most_a_chunk_of_nodes_per_hold_of_the_state_lock() -
     assert len(lock.cached) == 2  # one hold
     key = ("vgpu_node_memory_allocated_bytes", (("Hostname", "n09"),))
     assert _samples(changed)[key] == 10000 * 1024 * 1024
+
+
+def test_a_scrape_under_churn_faster_than_its_holds_ends_with_one_whole_hold() -> None:
+    """Every node changes while the lock is let go (a relist each time): chasing them a chunk a hold would never end,
+    so after the rounds a full rebuild needs (and a few more) the rest is redone in one hold, the answer current."""
+    state = ClusterState()
+    names = [f"n{i:02d}" for i in range(50)]
+    for name in names:
+        state.upsert_node(_inventory(name))
+    metrics = ExtenderMetrics(state)
+    holds = [0]
+
+    class Churning:
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            holds[0] += 1
+            for name in names:  # every node changed, as a relist changing every node's inventory
+                state.upsert_node(_inventory(name, model=f"H{holds[0]}"))
+            self.lock.release()
+
+    text = "".join(metrics.allocation.pieces(Churning(), chunk=8))  # type: ignore[arg-type]
+    assert holds[0] == 50 // 8 + 8 + 1
+    assert len([k for k in _samples(text) if k[0] == "vgpu_node_memory_total_bytes"]) == 50
+    assert {dict(k[1])["modelName"] for k in _samples(text) if k[0] == "vgpu_gpu_healthy"} == {f"H{holds[0] - 1}"}
