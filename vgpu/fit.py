@@ -427,9 +427,8 @@ def _fit_one(
         if slot[0] < 0:  # `_BLOCKED`, by value: compiled (mypyc) code does not keep a tuple's identity
             continue
         mem, cores, by_role = slot
-        order = float(by_role)
-        if near and by_role == 0 and dev.uuid in near:
-            order = -0.5
+        # One expression: compiled (mypyc), an int assigned to a float variable is refused.
+        order: float = -0.5 if near and by_role == 0 and dev.uuid in near else by_role
         cand = (order, rank(u, mem, cores, pod), dev.index)
         if best is None or cand < best:
             if best is not None and cand[0] == best[0] and cand[1] == best[1]:
