@@ -64,7 +64,7 @@ def missing_tools() -> str | None:
     return None
 
 
-def build(out: Path, *, root: Path = ROOT, log: Path | None = None) -> Path:
+def build(out: Path, *, root: Path = ROOT) -> Path:
     """Copy the packages of `root` into `out` (which must not exist) and compile `NATIVE_MODULES` there in place.
     Returns `out`; raises NativeBuildError with mypyc's last lines when the compile fails."""
     why = missing_tools()
@@ -77,17 +77,14 @@ def build(out: Path, *, root: Path = ROOT, log: Path | None = None) -> Path:
     for name in _COPIED:
         shutil.copytree(root / name, out / name, ignore=ignore)
     shutil.copy2(root / "pyproject.toml", out / "pyproject.toml")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # mypyc's output names do not depend on it, its ordering might
     proc = subprocess.run(
         [sys.executable, "-m", "mypyc", *NATIVE_MODULES],
         cwd=out,
-        env=env,
+        env={**os.environ, "PYTHONHASHSEED": "0"},  # the same build from the same sources
         capture_output=True,
         text=True,
         check=False,
     )
-    if log is not None:
-        log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
         raise NativeBuildError(f"mypyc failed (exit {proc.returncode}) in {out}:\n{tail}")
