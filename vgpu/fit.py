@@ -27,6 +27,20 @@ class StateRank:
         raise NotImplementedError
 
 
+class ByState(StateRank):
+    """A plain GPU order that reads only what `GpuUsage.state_key` holds (the reserved share, the free milli) and the
+    slice, declared a `StateRank` so a fit asks it once per state and the planner's node classes may answer for the
+    policy (binpack, spread, the paper's baselines)."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, order: GpuRank) -> None:
+        self.order = order
+
+    def __call__(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+        return self.order(u, memory_mib, cores, pod)
+
+
 _REASON_TEXT = {
     "unhealthy": "unhealthy",
     "model": "GPU model not allowed",

@@ -27,7 +27,7 @@ from vgpu.devices import GpuDevice
 from vgpu.errors import UnknownPolicyError
 from vgpu.fit import FitFailure, GpuRank, NodePlacement, ShapeMemo, StateRank, fit_node, judge_with, role_rank
 from vgpu.placement import registry
-from vgpu.placement.base import NodePolicy
+from vgpu.placement.base import EMPTIEST_FIRST, FULLEST_FIRST, NodePolicy
 from vgpu.placement.role_score import free_after, free_terms, headroom_one, role_parts
 from vgpu.pod import PodInfo
 from vgpu.state import ClusterState, GpuUsage, NodeState, slice_blocker
@@ -473,15 +473,7 @@ def _idle(node: NodeState) -> set[str]:
     return {u.device.uuid for u in node.gpus if not u.holders}
 
 
-def _rank_binpack(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-    return -u.used_share
-
-
-def _rank_spread(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-    return u.used_share
-
-
-_GPU_RANKS: dict[str, GpuRank] = {"binpack": _rank_binpack, "spread": _rank_spread}
+_GPU_RANKS: dict[str, GpuRank] = {"binpack": FULLEST_FIRST, "spread": EMPTIEST_FIRST}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -1071,11 +1063,12 @@ class Planner:
 
     def _classes_for(self, key: tuple[object, ...], pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> Classes | None:
         """The node classes of this memoised shape, or None where a class cannot stand for its nodes: a policy whose
-        score reads more than the class (only the fgd family's does not), a GPU policy override, a per-pod score, a
-        pod asking no GPU. A pod of several slices may take a class's answer too (`_multi_ties` says where)."""
+        score reads more than the class (only the fgd family's, binpack's and spread's do not), a GPU order that reads
+        more than the GPU's state (an override that is not a `StateRank`), a per-pod score, a pod asking no GPU. A pod
+        of several slices may take a class's answer too (`_multi_ties` says where)."""
         if (
             not getattr(policy, "class_scored", False)
-            or rank != policy.gpu_rank
+            or (rank != policy.gpu_rank and not isinstance(rank, StateRank))
             or hasattr(policy, "pod_score")
             or not pod.request.containers
         ):

@@ -39,6 +39,12 @@ SHAPES: list[dict[str, object]] = [
 ]
 
 
+def policy_config(policy: str) -> PlacementConfig:
+    """`policy`, or `node+gpu`: a node policy with a cluster GPU policy override (`--gpu-policy`)."""
+    node, _, gpu = policy.partition("+")
+    return PlacementConfig(node_policy=node, gpu_policy=gpu or None)
+
+
 def _inventory(name: str, rng: random.Random) -> NodeInventory:
     inv = make_node(name, 8, split=4, unhealthy=(3,) if rng.random() < 0.1 else ())
     if rng.random() < 0.3:  # NVLink pairs: the role order then also prefers a counterpart's peers
@@ -53,7 +59,7 @@ def _inventory(name: str, rng: random.Random) -> NodeInventory:
 
 def _cluster(seed: int, policy: str, nodes: int = 24) -> ClusterState:
     rng = random.Random(seed)
-    state = ClusterState(PlacementConfig(node_policy=policy))
+    state = ClusterState(policy_config(policy))
     for n in range(nodes):
         name = f"n{n:02d}"
         state.upsert_node(_inventory(name, rng))
@@ -181,7 +187,7 @@ def _class_cluster(seed: int, policy: str, *, patterns: int, nodes: int = 48, ho
     most nodes share a class with others; some with a cordon, an unhealthy GPU, NVLink pairs or host room tracked."""
     rng = random.Random(seed)
     fills = [_pattern(rng) for _ in range(patterns)]
-    state = ClusterState(PlacementConfig(node_policy=policy))
+    state = ClusterState(policy_config(policy))
     for n in range(nodes):
         name = f"n{n:02d}"
         variant = rng.randrange(6)
@@ -227,7 +233,24 @@ def _same(ev: Evaluation, fresh: Evaluation) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("patterns", [3, 40])  # many identical nodes; nearly all distinct
-@pytest.mark.parametrize("policy", ["default", "fgd", "fragaware-gpusteps", "fragaware-wg100", "random", "binpack"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "default",
+        "fgd",
+        "fragaware-gpusteps",
+        "fragaware-wg100",
+        "random",
+        "binpack",
+        "spread",
+        "bestfit",
+        "dotprod",
+        "gpu-packing",
+        "gpu-clustering",
+        "default+binpack",
+        "binpack+spread",
+    ],
+)
 def test_node_classes_decide_what_each_node_decides(seed: int, patterns: int, policy: str) -> None:
     """Every node's placement (its own GPU UUID), score to the last bit and failure reason, through binds and
     releases, as the uncached full path gives it; the default policy relearns along the way."""

@@ -16,7 +16,7 @@ import pytest
 
 import vgpu.planner as planner_mod
 from tests.conftest import make_assignment, make_container, make_info, make_node
-from tests.unit.test_fit_fast import _fresh, _pattern, _same
+from tests.unit.test_fit_fast import _fresh, _pattern, _same, policy_config
 from vgpu.config import PlacementConfig
 from vgpu.devices import Cordon
 from vgpu.fit import NodePlacement
@@ -73,7 +73,7 @@ def _cluster(seed: int, policy: str, *, patterns: int, nodes: int = 40) -> Clust
         for g in rng.sample(range(8), rng.randrange(0, 7)):
             fill[g] = []
         fills.append(fill)
-    state = ClusterState(PlacementConfig(node_policy=policy))
+    state = ClusterState(policy_config(policy))
     for n in range(nodes):
         name = f"n{n:02d}"
         variant = rng.randrange(8)
@@ -121,7 +121,9 @@ def _exact(ev: Evaluation, fresh: Evaluation) -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("patterns", [3, 30])  # many identical nodes; nearly all distinct
-@pytest.mark.parametrize("policy", ["default", "fgd", "fragaware-gpusteps", "binpack"])
+@pytest.mark.parametrize(
+    "policy", ["default", "fgd", "fragaware-gpusteps", "binpack", "spread", "bestfit", "gpu-packing", "fgd+spread"]
+)
 def test_multi_slice_classes_decide_what_each_node_decides(seed: int, patterns: int, policy: str) -> None:
     """Through binds of the pods themselves (so nodes move between classes), releases and the default policy's
     relearns: every pod's evaluation over every node equals the uncached full path's, to the bit."""

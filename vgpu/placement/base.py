@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
-from vgpu.fit import GpuRank, NodePlacement
+from vgpu.fit import ByState, GpuRank, NodePlacement
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -68,7 +69,23 @@ def used_after(node: NodeState, placement: NodePlacement) -> list[float]:
 
 
 def share_after(node: NodeState, placement: NodePlacement) -> float:
-    """Mean reserved share of the node's GPUs once the placement is applied."""
+    """Mean reserved share of the node's GPUs once the placement is applied.
+
+    `math.fsum` is exact, so the float does not depend on the GPUs' index order: nodes of one class
+    (`NodeState.class_key`) score alike to the bit and the planner may score the class once."""
     if not node.gpus:
         return 0.0
-    return sum(min(1.0, used) for used in used_after(node, placement)) / len(node.gpus)
+    return math.fsum([min(1.0, used) for used in used_after(node, placement)]) / len(node.gpus)
+
+
+def _fullest(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+    return -u.used_share
+
+
+def _emptiest(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
+    return u.used_share
+
+
+# The GPU orders of binpack and spread (as node policies and as `--gpu-policy`): the reserved share is the state's.
+FULLEST_FIRST = ByState(_fullest)
+EMPTIEST_FIRST = ByState(_emptiest)

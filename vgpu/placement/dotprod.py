@@ -8,14 +8,18 @@ to the simulator's integer 0..100.
 from __future__ import annotations
 
 from vgpu.fit import NodePlacement
-from vgpu.placement.gpushare import MAX_SPEC_CPU, MAX_SPEC_GPU, free_milli, host_free, pod_demand, rank_best_fit
+from vgpu.placement.gpushare import BEST_FIT_FIRST, MAX_SPEC_CPU, MAX_SPEC_GPU, free_milli, host_free, pod_demand
 from vgpu.pod import PodInfo
-from vgpu.state import GpuUsage, NodeState
+from vgpu.state import NodeState
 
 
 class DotProd:
     name = "dotprod"
     epoch = 0
+    # The score reads only what `NodeState.class_key` holds and the placement's GPU states; the GPU order the state: the
+    # planner may score a node class once (vgpu.planner).
+    class_scored = True
+    gpu_rank = BEST_FIT_FIRST
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         cpu_free, _ = host_free(node)
@@ -26,9 +30,6 @@ class DotProd:
             want.total / MAX_SPEC_GPU
         )
         return int((1.0 - dot / 2) * 100) / 100
-
-    def gpu_rank(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-        return rank_best_fit(u, memory_mib, cores, pod)
 
     def observe(self, pod: PodInfo) -> None:
         return None

@@ -8,14 +8,18 @@ Tiers on the paper simulator's integer 0..100 scale: a placement only on already
 from __future__ import annotations
 
 from vgpu.fit import NodePlacement
-from vgpu.placement.gpushare import MILLI, free_milli, rank_best_fit
+from vgpu.placement.gpushare import BEST_FIT_FIRST, MILLI, free_milli
 from vgpu.pod import PodInfo
-from vgpu.state import GpuUsage, NodeState
+from vgpu.state import NodeState
 
 
 class GpuPacking:
     name = "gpu-packing"
     epoch = 0
+    # The score reads only what `NodeState.class_key` holds and the placement's GPU states; the GPU order the state: the
+    # planner may score a node class once (vgpu.planner).
+    class_scored = True
+    gpu_rank = BEST_FIT_FIRST
 
     def score(self, node: NodeState, placement: NodePlacement, pod: PodInfo) -> float:
         if not pod.request.containers:
@@ -30,9 +34,6 @@ class GpuPacking:
             return max(50 - whole_taken, 33) / 100
         free_pct = sum(f * 100 // MILLI for f in used)
         return max(100 - free_pct // 10, 50) / 100
-
-    def gpu_rank(self, u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
-        return rank_best_fit(u, memory_mib, cores, pod)
 
     def observe(self, pod: PodInfo) -> None:
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vgpu.fit import NodePlacement
+from vgpu.fit import ByState, NodePlacement
 from vgpu.pod import PodInfo
 from vgpu.state import GpuUsage, NodeState
 
@@ -102,3 +102,7 @@ def host_free(node: NodeState) -> tuple[int, int]:
 def rank_best_fit(u: GpuUsage, memory_mib: int, cores: int, pod: PodInfo) -> float:
     """GPU order: the GPU with the least free share first (keeps whole GPUs whole)."""
     return float(free_milli(u))
+
+
+# `rank_best_fit` as a `StateRank` (the free milli is the state's): the baselines' own GPU order.
+BEST_FIT_FIRST = ByState(rank_best_fit)
