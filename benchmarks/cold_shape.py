@@ -172,7 +172,9 @@ def shapes_of(kind: str) -> tuple[list[str], list[PodInfo]]:
 
 
 def learned_planner(state: ClusterState, learn: int, policy: str) -> Planner:
-    state.config = dataclasses.replace(state.config, node_policy=policy)
+    """`policy`: a node policy, or `node+gpu` with a cluster GPU-policy override (`--gpu-policy`)."""
+    node, _, gpu = policy.partition("+")
+    state.config = dataclasses.replace(state.config, node_policy=node, gpu_policy=gpu or None)
     planner = Planner(state)
     rng = random.Random(2)
     for i in range(learn):
@@ -375,7 +377,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--learn", type=int, default=1100, help="pods the policy observes before the timed shapes")
-    ap.add_argument("--policy", default="default")
+    ap.add_argument(
+        "--policy", default="default", help="a node policy, or NODE+GPU (e.g. default+spread: --gpu-policy)"
+    )
     ap.add_argument("--cluster", choices=("usual", "packed", "both"), default="both")
     ap.add_argument("--digest", action="store_true", help="print a hash of every evaluation")
     ap.add_argument(
