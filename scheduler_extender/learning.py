@@ -5,7 +5,8 @@ path), so after a first picture (`LEARN_BOOTSTRAP` pods) arrivals are fed at mos
 Running pods that hold our assignments seed the picture (the first pod list, then each one the pod watch shows
 that this replica never fed: on a standby, every pod the leader places, so taking over needs no list of all pods)
 and are never fed again: not by a second seeding, not as "first seen" at /filter. A pod this replica fed at /filter
-and bound is not fed again when the watch shows it bound.
+and bound is not fed again when the watch shows it bound; a pod it binds without having fed it (the previous leader
+saw its /filter, then failed over) is fed once when the watch shows it running, as the leader's other pods are.
 
 Not thread-safe: callers hold the state lock, except around `first_seen`, which only /filter calls (one thread).
 """
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 LEARN_BOOTSTRAP = 16
 RECENT_PODS = 4096  # UIDs remembered as seen: a pod re-filtered within this many others is not "first seen" again
+# UIDs remembered as fed at /filter until bound or deleted: a bind tells a pod fed here from one the previous leader
+# saw (~100 bytes each; a pod bound more than this many new pods after its first /filter is learned twice).
+FED_PODS = 32768
 
 Candidates = list[tuple[str, PodInfo]]  # (UID, the pod's parse) of running pods that hold an assignment
 
@@ -85,6 +89,7 @@ class Learning:
         self._recent: OrderedDict[str, None] = OrderedDict()  # UIDs /filter saw, oldest first
         # UIDs of running pods that seeded learning, and of pods this replica is binding (fed at /filter already)
         self._seeded: set[str] = set()
+        self._fed: OrderedDict[str, None] = OrderedDict()  # UIDs fed at /filter, not bound or deleted yet, oldest first
 
     @property
     def queued(self) -> int:
@@ -99,24 +104,33 @@ class Learning:
         """Note that /filter got this pod; True only the first time, and never for a pod that seeded learning."""
         if not uid:
             return False
-        new = uid not in self._recent and uid not in self._seeded
+        new = uid not in self._recent and uid not in self._seeded and uid not in self._fed
         self._recent[uid] = None
         self._recent.move_to_end(uid)
         if len(self._recent) > RECENT_PODS:
             self._recent.popitem(last=False)
+        if new:
+            self._fed[uid] = None
+            if len(self._fed) > FED_PODS:
+                self._fed.popitem(last=False)
         return new
 
     def knows(self, uid: str) -> bool:
         """This pod was fed already (seeded, or seen at /filter), or has no UID to tell it by: do not feed it again."""
-        return not uid or uid in self._seeded or uid in self._recent
+        return not uid or uid in self._seeded or uid in self._recent or uid in self._fed
 
     def binding(self, uid: str) -> None:
-        """This replica binds the pod: /filter fed it, so the watch showing it bound must not feed it again (the
-        /filter memory holds only the last `RECENT_PODS`, and a bind may come later than that). Called by BindVerb
-        only once the pod is read from the apiserver under the bind's UID: a refused bind naming a UID before its
-        pod's first /filter made that pod never learned, and made-up UIDs were kept without bound (200 binds with
-        64 KiB UIDs: 12.5 MiB), while the set now holds only real pods' UIDs (dropped on DELETED and relists)."""
-        if uid:
+        """This replica binds the pod. If its /filter fed it here, the watch showing it bound must not feed it again
+        (the /filter memory holds only the last `RECENT_PODS`, and a bind may come later than that: `_fed` keeps it
+        until now). If not (the previous leader filtered it, this replica took over before its bind), nothing is
+        noted, and the watch feeds it as a running pod: before, such a pod was never learned.
+
+        Called by BindVerb only once the pod is read from the apiserver under the bind's UID: a refused bind naming a
+        UID before its pod's first /filter made that pod never learned, and made-up UIDs were kept without bound (200
+        binds with 64 KiB UIDs: 12.5 MiB), while the set now holds only real pods' UIDs (dropped on DELETED and
+        relists)."""
+        if uid and (uid in self._fed or uid in self._recent):
+            self._fed.pop(uid, None)
             self._seeded.add(uid)
 
     def running(self, uid: str, candidates: Candidates, skipped: Counter[str]) -> bool:
@@ -198,8 +212,12 @@ class Learning:
     def forget(self, uid: str) -> None:
         """The pod is deleted or finished: a pod with its UID will never run again."""
         self._seeded.discard(uid)
+        self._fed.pop(uid, None)
 
     def keep_only(self, uids: Iterable[str]) -> None:
-        """A relist: forget the seeded pods it no longer holds."""
-        if self._seeded:
-            self._seeded &= set(uids)
+        """A relist: forget the seeded and fed pods it no longer holds."""
+        if self._seeded or self._fed:
+            listed = set(uids)
+            self._seeded &= listed
+            for uid in [u for u in self._fed if u not in listed]:
+                del self._fed[uid]

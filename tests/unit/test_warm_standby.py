@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from scheduler_extender import schema
-from scheduler_extender.learning import RECENT_PODS
+from scheduler_extender.learning import FED_PODS, RECENT_PODS
 from scheduler_extender.service import ExtenderService
 from tests.unit.test_extender_service import FakeBinder, _bind, _pod, _running, _state
 from vgpu import annotations as ann
@@ -120,3 +120,37 @@ def test_a_relist_learns_the_running_pods_the_watch_missed_once() -> None:
     again = _running("p1", 20, "GPU-a-1")
     svc.pod_event("ADDED", again)
     assert fed == Counter({"p0": 1, "p1": 2})
+
+
+def test_a_pod_the_previous_leader_filtered_and_this_replica_binds_is_learned_once() -> None:
+    """A failover between a pod's /filter (at the old leader) and its /bind (here): nothing fed it here, so the watch
+    showing it bound feeds it, once; more events and a relist do not feed it again."""
+    binder = FakeBinder()
+    svc = ExtenderService(_state(), binder)
+    fed = _recorded(svc)
+    svc.replace_pods([], seed_learning=True)
+    svc.set_leading(True, leader="me")
+    pod = _pod("handed-over", 20, resourceVersion="1")
+    binder.pods["ns/handed-over"] = pod
+    assert _bind(svc, pod, "a") == ""
+    assert ann.POD_ASSIGNMENT in pod["metadata"]["annotations"]  # the bind wrote our assignment on it
+    assert fed == Counter()  # no /filter here: not an arrival
+    svc.pod_event("MODIFIED", copy.deepcopy(pod))
+    svc.pod_event("MODIFIED", copy.deepcopy(pod))
+    svc.replace_pods([copy.deepcopy(pod)])
+    assert fed == Counter({"handed-over": 1})
+    assert svc.learning.learned == 1
+
+
+def test_the_memory_of_pods_fed_at_filter_is_bounded_and_forgets_deleted_pods() -> None:
+    svc = ExtenderService(_state(), FakeBinder())
+    learning = svc.learning
+    for i in range(FED_PODS + 10):  # made-up pods a caller filters and never binds
+        assert learning.first_seen(f"u{i}")
+    assert not learning.knows("u0")  # the oldest fell out of both memories
+    assert learning.knows(f"u{FED_PODS + 9}") and learning.knows(f"u{FED_PODS - RECENT_PODS}")
+    assert not learning.first_seen(f"u{FED_PODS - RECENT_PODS}")  # fed already, out of /filter's recent memory
+    learning.forget(f"u{FED_PODS - RECENT_PODS}")
+    learning.keep_only([f"u{FED_PODS + 9}"])  # a relist that holds only this pod
+    assert learning.knows(f"u{FED_PODS + 9}")
+    assert not learning.knows(f"u{FED_PODS + 8 - RECENT_PODS}")
