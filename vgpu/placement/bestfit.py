@@ -15,8 +15,8 @@ from vgpu.state import NodeState
 class BestFit:
     name = "bestfit"
     epoch = 0
-    # The score reads only what `NodeState.class_key` holds and the placement's GPU states; the GPU order the state: the
-    # planner may score a node class once (vgpu.planner).
+    # The score reads only what `NodeState.class_key` holds and the placement's GPU states, the GPU order only the GPU's
+    # state: the planner may score a node class once (vgpu.planner).
     class_scored = True
     gpu_rank = BEST_FIT_FIRST
 
