@@ -81,14 +81,20 @@ def test_a_standby_fed_by_its_watch_learns_what_a_list_seeding_learns() -> None:
     assert sum(by_watch.values()) == 3
 
 
-def test_a_leaders_own_binds_are_not_learned_again_from_the_watch_or_a_relist() -> None:
+def _leading_with(name: str) -> tuple[ExtenderService, Counter[str], dict[str, Any]]:
+    """A leading replica that learned nothing yet, what its policy is fed, and an unbound pod the apiserver holds."""
     binder = FakeBinder()
     svc = ExtenderService(_state(), binder)
     fed = _recorded(svc)
     svc.replace_pods([], seed_learning=True)
     svc.set_leading(True, leader="me")
-    pod = _pod("mine", 20, resourceVersion="1")
-    binder.pods["ns/mine"] = pod
+    pod = _pod(name, 20, resourceVersion="1")
+    binder.pods[f"ns/{name}"] = pod
+    return svc, fed, pod
+
+
+def test_a_leaders_own_binds_are_not_learned_again_from_the_watch_or_a_relist() -> None:
+    svc, fed, pod = _leading_with("mine")
     svc.filter(schema.ExtenderArgs(Pod=copy.deepcopy(pod), NodeNames=["a", "b"]))
     assert fed == Counter({"mine": 1})  # fed as an arrival at /filter (within the bootstrap: at once)
     for other in range(RECENT_PODS):  # /filter's memory of it is gone; the bind still knows it
@@ -125,13 +131,7 @@ def test_a_relist_learns_the_running_pods_the_watch_missed_once() -> None:
 def test_a_pod_the_previous_leader_filtered_and_this_replica_binds_is_learned_once() -> None:
     """A failover between a pod's /filter (at the old leader) and its /bind (here): nothing fed it here, so the watch
     showing it bound feeds it, once; more events and a relist do not feed it again."""
-    binder = FakeBinder()
-    svc = ExtenderService(_state(), binder)
-    fed = _recorded(svc)
-    svc.replace_pods([], seed_learning=True)
-    svc.set_leading(True, leader="me")
-    pod = _pod("handed-over", 20, resourceVersion="1")
-    binder.pods["ns/handed-over"] = pod
+    svc, fed, pod = _leading_with("handed-over")
     assert _bind(svc, pod, "a") == ""
     assert ann.POD_ASSIGNMENT in pod["metadata"]["annotations"]  # the bind wrote our assignment on it
     assert fed == Counter()  # no /filter here: not an arrival
