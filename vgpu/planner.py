@@ -1063,9 +1063,10 @@ class Planner:
 
     def _classes_for(self, key: tuple[object, ...], pod: PodInfo, policy: NodePolicy, rank: GpuRank) -> Classes | None:
         """The node classes of this memoised shape, or None where a class cannot stand for its nodes: a policy whose
-        score reads more than the class (only the fgd family's, binpack's and spread's do not), a GPU order that reads
-        more than the GPU's state (an override that is not a `StateRank`), a per-pod score, a pod asking no GPU. A pod
-        of several slices may take a class's answer too (`_multi_ties` says where)."""
+        score reads more than the class (those that do not say `class_scored`: the fgd family, binpack, spread and
+        three of the paper's baselines), a GPU order that reads more than the GPU's state (an override that is not a
+        `StateRank`), a per-pod score, a pod asking no GPU. A pod of several slices may take a class's answer too
+        (`_multi_ties` says where)."""
         if (
             not getattr(policy, "class_scored", False)
             or (rank != policy.gpu_rank and not isinstance(rank, StateRank))
