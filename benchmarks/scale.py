@@ -54,6 +54,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import urllib3
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -107,6 +108,7 @@ REPORT_FIELDS = (
     "ratio_pods_per_s",
     "ratio_p50",
     "ratio_p99",
+    "ratio_cpu_per_pod",
     "extender_rss_mib",
     "extender_peak_rss_mib",
     "over_commits",
@@ -133,6 +135,10 @@ class Config:
     settle_s: float = 15.0  # a wave ends when no pod has been bound for this long
     wave_timeout_s: float = 600.0
     one_node: bool = False  # also run the one-node arm
+    # kube-scheduler's client QPS (burst twice it); None keeps its defaults, 50 and 100. Its own Binding, one a pod in
+    # the baseline arm, goes through that client's rate limiter, so at the defaults the baseline cannot bind more
+    # than ~50 pods/s whatever the cores allow; the extender arm's Bindings are the extender's, outside that limiter.
+    scheduler_qps: float | None = None
 
 
 @dataclass
@@ -717,9 +723,30 @@ def summarise(waves: list[Wave]) -> dict[str, Any]:
     }
 
 
+def cpu_ratio(arm: dict[str, Any], baseline: dict[str, Any]) -> float | None:
+    """The CPU a bound pod of etcd, the apiserver, kube-scheduler and the extender together, `arm` over `baseline`."""
+    mine, base = sum(arm["cpu_ms_per_pod"].values()), sum(baseline["cpu_ms_per_pod"].values())
+    return round(mine / base, 3) if base else None
+
+
+def with_client_qps(config_yaml: str, qps: float | None) -> str:
+    """The scheduler config with clientConnection.qps and burst (2 x qps) set, or as it is for None.
+
+    kube-scheduler defaults them to 50 and 100 (kubernetes v1.34.4 pkg/scheduler/apis/config/v1/defaults.go) and gives
+    them to the client its DefaultBinder's Binding goes through (cmd/kube-scheduler/app/options/options.go,
+    `createKubeConfig`, `createClients`; its events have a client, and a limiter, of their own)."""
+    if qps is None:
+        return config_yaml
+    config = yaml.safe_load(config_yaml)
+    config.setdefault("clientConnection", {}).update({"qps": qps, "burst": max(1, int(2 * qps))})
+    return str(yaml.safe_dump(config))
+
+
 def run(cfg: Config) -> dict[str, Any]:
     if cfg.nodes < 1 or cfg.pods < 1 or cfg.rate <= 0 or cfg.waves < 1:
         raise ValueError(f"--nodes, --pods, --waves must be >= 1 and --rate > 0; got {cfg}")
+    if cfg.scheduler_qps is not None and cfg.scheduler_qps <= 0:
+        raise ValueError(f"--scheduler-qps must be > 0; got {cfg.scheduler_qps}")
     setup0 = time.monotonic()
     cp = ControlPlane(verbosity=1)
     cp.workdir.mkdir(parents=True, exist_ok=True)
@@ -737,7 +764,7 @@ def run(cfg: Config) -> dict[str, Any]:
         add_nodes(cp, cfg.nodes)
         ext = Extender(cp)
         ext.start()
-        cp.start_scheduler(scheduler_config(cp, ext))
+        cp.start_scheduler(with_client_qps(scheduler_config(cp, ext), cfg.scheduler_qps))
         watch = BindWatch(cp, namespace)
         audit = Audit(audit_log)
         setup_s = time.monotonic() - setup0
@@ -789,6 +816,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "ratio_pods_per_s": round(e["pods_per_s"] / b["pods_per_s"], 3) if b["pods_per_s"] else None,
         "ratio_p50": round(e["p50_ms"] / b["p50_ms"], 2) if b["p50_ms"] else None,
         "ratio_p99": round(e["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] else None,
+        # What bounds the ratio of pods/s where the cores, not a rate limit, are what runs out.
+        "ratio_cpu_per_pod": cpu_ratio(e, b),
         **one_node_ratios,
         "extender_rss_mib": round(rss, 1),
         "extender_peak_rss_mib": round(max(hwm, peak_rss), 1),
@@ -802,7 +831,8 @@ def print_report(r: dict[str, Any]) -> None:
     c = r["config"]
     print(
         f"scale: {c['nodes']} nodes x {GPUS_PER_NODE} GPUs, {c['waves']} waves x {c['pods']} pods per arm at "
-        f"{c['rate']:g} pods/s; {r['machine']}; setup {r['setup_s']} s"
+        f"{c['rate']:g} pods/s; kube-scheduler client QPS {c.get('scheduler_qps') or 'default (50)'}; {r['machine']}; "
+        f"setup {r['setup_s']} s"
     )
     print(f"{'arm':<10}{'bound':>12}{'pods/s':>9}{'create/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     for arm, a in r["arms"].items():
@@ -811,6 +841,7 @@ def print_report(r: dict[str, Any]) -> None:
             f"{a['p50_ms']:>9}{a['p99_ms']:>9}{a['max_ms']:>9}"
         )
     print(f"ratio extender/baseline: pods/s {r['ratio_pods_per_s']}, p50 {r['ratio_p50']}x, p99 {r['ratio_p99']}x")
+    print(f"ratio extender/baseline of the four processes' CPU a bound pod: {r['ratio_cpu_per_pod']}x")
     if "ratio_pods_per_s_one_node" in r:
         print(
             f"ratio one-node/baseline: pods/s {r['ratio_pods_per_s_one_node']}, p50 {r['ratio_p50_one_node']}x, "
@@ -857,10 +888,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run the one-node arm: the extender restarted with --filter-answers-one, against the same baseline",
     )
+    p.add_argument(
+        "--scheduler-qps",
+        type=float,
+        help="kube-scheduler's client QPS, burst twice it (default: its own, 50 and 100, which caps the baseline "
+        "arm's Bindings at ~50 pods/s)",
+    )
     p.add_argument("--json", type=Path, help="also write the report here")
     a = p.parse_args(argv)
     try:
-        cfg = Config(a.nodes, a.pods, a.rate, a.waves, a.seed, a.settle, one_node=a.one_node)
+        cfg = Config(
+            a.nodes, a.pods, a.rate, a.waves, a.seed, a.settle, one_node=a.one_node, scheduler_qps=a.scheduler_qps
+        )
         report = run(cfg)
     except ValueError as exc:
         p.error(str(exc))
