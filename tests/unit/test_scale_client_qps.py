@@ -23,7 +23,11 @@ def test_qps_and_twice_its_burst_are_set_and_the_profile_is_kept() -> None:
 
 def test_an_existing_client_connection_keeps_its_other_fields() -> None:
     text = yaml.safe_dump({"clientConnection": {"kubeconfig": "/k", "qps": 5}, "profiles": []})
-    assert yaml.safe_load(with_client_qps(text, 0.4))["clientConnection"] == {"kubeconfig": "/k", "qps": 0.4, "burst": 1}
+    assert yaml.safe_load(with_client_qps(text, 0.4))["clientConnection"] == {
+        "kubeconfig": "/k",
+        "qps": 0.4,
+        "burst": 1,
+    }
 
 
 def test_none_leaves_the_text_as_it_is() -> None:
