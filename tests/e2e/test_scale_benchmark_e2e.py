@@ -91,6 +91,7 @@ def test_the_one_node_arm_bound_through_filter_and_bind_alone(report: dict[str, 
     # /filter and /bind a pod; a bind kube-scheduler retried (a timeout on a loaded machine) may add a pair.
     assert 2 * one["bound"] <= one["extender_verb_calls"] < 3 * one["bound"], one["extender_verb_calls"]
     assert one["requests_per_pod"][EXTENDER_USER]["create pods/binding"] >= 1.0
+    assert report["ratio_cpu_per_pod_one_node"] > 1.0
     assert report["ratio_pods_per_s_one_node"] == pytest.approx(
         one["pods_per_s"] / report["arms"]["baseline"]["pods_per_s"], rel=0.01
     )
