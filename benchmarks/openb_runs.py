@@ -3,6 +3,7 @@
     python benchmarks/openb_runs.py run --trace default --policy fgd --policy bestfit --seeds 42-51
     python benchmarks/openb_runs.py table --x 95,100,130
     python benchmarks/openb_runs.py compare --policy default --base fgd --seeds 42-51  # paired, per trace
+    python benchmarks/openb_runs.py run --trace default --policy default --percentage 0 --percentage 10  # kube's window
     python benchmarks/openb_runs.py plot --trace default --out docs/img/openb_default.png [--json FILE]
     python benchmarks/openb_runs.py export --out docs/img/openb_runs.json   # every run, one list
     python benchmarks/openb_runs.py import --json docs/img/openb_runs.json  # seed the dir with those runs
@@ -15,6 +16,7 @@ work. `vgpu replay` stays the user-facing command; this is the campaign tool beh
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import statistics
@@ -34,39 +36,71 @@ def _path(out: Path, trace_name: str, policy: str, mode: str, seed: int) -> Path
     return out / f"{trace_name}__{policy}__{mode}__{seed}.json"
 
 
-def _one(job: tuple[str, str, engine.Mode, int, str]) -> str:
-    trace_name, policy, mode, seed, out = job
-    nodes = trace.parse_nodes(_read_csv(str(DATA / "openb_node_list_gpu_node.csv")))
+def mode_label(mode: str, percentage: int | None) -> str:
+    """The run's mode as its file and its table name it: `best`, or `best@p0` for kube-scheduler's window at
+    percentageOfNodesToScore 0 (adaptive), `best@p10` at 10 %."""
+    return mode if percentage is None else f"{mode}@p{percentage}"
+
+
+def trace_label(trace_name: str, scale: int) -> str:
+    """`default`, or `default-x4` for the cluster four times over (the protocol then inflates to 130 % of that)."""
+    return trace_name if scale == 1 else f"{trace_name}-x{scale}"
+
+
+def scaled(nodes: list[trace.NodeRow], scale: int) -> list[trace.NodeRow]:
+    """The openb cluster `scale` times over, each copy's nodes named apart: a bigger cluster of the same mix, for
+    what kube-scheduler's node sampling does where its adaptive percentage is lower (10 % at 5,000 nodes)."""
+    if scale == 1:
+        return nodes
+    return [dataclasses.replace(n, name=f"{n.name}-{k}") for k in range(scale) for n in nodes]
+
+
+def _one(job: tuple[str, str, engine.Mode, int, str, int | None, int]) -> str:
+    trace_name, policy, mode, seed, out, percentage, scale = job
+    nodes = scaled(trace.parse_nodes(_read_csv(str(DATA / "openb_node_list_gpu_node.csv"))), scale)
     pods = trace.parse_pods(_read_csv(str(DATA / f"openb_pod_list_{trace_name}.csv")))
-    r = engine.replay(nodes, pods, policy, seed, mode=mode)
+    r = engine.replay(nodes, pods, policy, seed, mode=mode, percentage=percentage)
     curve = metric.unallocated_curve(r.arrived, r.allocated, r.capacity_milli)
+    label = mode_label(mode, percentage)
+    trace_name = trace_label(trace_name, scale)
     doc = {
         "trace": trace_name,
         "policy": policy,
-        "mode": mode,
+        "mode": label,
         "seed": seed,
         "pods": r.pods,
         "failed": r.failed,
         "seconds": round(r.wall_seconds, 2),
+        "names_per_pod": round(r.names_per_pod, 1),
         "unallocated_pct": {str(x): round(v, 4) for x, v in curve.items()},
     }
-    target = _path(Path(out), trace_name, policy, mode, seed)
+    target = _path(Path(out), trace_name, policy, label, seed)
     target.write_text(json.dumps(doc) + "\n")
     u = curve.get(100)
-    return f"{trace_name} {policy} {mode} seed {seed}: {u if u is None else round(u, 2)} ({r.wall_seconds:.0f} s)"
+    return (
+        f"{trace_name} {policy} {label} seed {seed}: {u if u is None else round(u, 2)} "
+        f"({r.wall_seconds:.0f} s, {r.names_per_pod:.0f} names a pod)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     seeds = parse_seeds(args.seeds)
+    percentages: list[int | None] = [None] if not args.percentage else [None if x < 0 else x for x in args.percentage]
+    for x in percentages:
+        if x is not None and x > 100:
+            raise SystemExit(f"--percentage {x}: allowed -1 (every node), 0 (kube-scheduler's adaptive default) to 100")
+    if args.scale < 1:
+        raise SystemExit(f"--scale {args.scale}: allowed 1 (the openb cluster) or more copies of it")
     jobs = [
-        (t, p, m, s, str(out))
+        (t, p, m, s, str(out), x, args.scale)
         for s in seeds
         for t in args.trace
         for p in args.policy
         for m in args.mode or ["best"]
-        if not _path(out, t, p, m, s).exists()
+        for x in percentages
+        if not _path(out, trace_label(t, args.scale), p, mode_label(m, x), s).exists()
     ]
     workers = max(1, min(2, args.workers, len(jobs)))
     if workers == 1:
@@ -228,6 +262,14 @@ def main() -> None:
     r.add_argument("--mode", action="append", choices=engine.MODES)
     r.add_argument("--seeds", default="42-51")
     r.add_argument("--workers", type=int, default=1)
+    r.add_argument(
+        "--percentage",
+        action="append",
+        type=int,
+        help="kube-scheduler's percentageOfNodesToScore: the planner is asked per pod only about the nodes "
+        "kube-scheduler would send (0: its adaptive default; -1: every node, the default); repeatable",
+    )
+    r.add_argument("--scale", type=int, default=1, help="the openb cluster this many times over (default 1)")
     r.add_argument("--dir", default=str(RUNS))
     r.set_defaults(func=run)
     t = sub.add_parser("table")
@@ -237,7 +279,7 @@ def main() -> None:
     c = sub.add_parser("compare", help="paired differences of two policies on the same seeds, per trace")
     c.add_argument("--policy", required=True, help="the policy under test")
     c.add_argument("--base", required=True, help="what it is compared against")
-    c.add_argument("--mode", default="best", choices=engine.MODES)
+    c.add_argument("--mode", default="best", help="a mode of engine.MODES, or its window label (best@p0)")
     c.add_argument("--x", default="100", help="arrived workload %% to compare at (default 100)")
     c.add_argument("--seeds", help="only these seeds, e.g. 42-51 (default: every seed both have)")
     c.add_argument("--dir", default=str(RUNS))

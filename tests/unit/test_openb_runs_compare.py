@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.openb_runs import scaled, trace_label
+from vgpu.replay.trace import NodeRow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "openb_runs.py"
 
 
@@ -50,3 +53,23 @@ def test_no_common_seed_names_what_exists(tmp_path: Path) -> None:
     out = _compare(tmp_path)
     assert out.returncode != 0
     assert "no seed has runs of both 'new' and 'old'" in out.stderr and "fgd, old" in out.stderr
+
+
+def test_compare_takes_a_window_label_as_its_mode(tmp_path: Path) -> None:
+    """Runs made with --percentage are named `best@p0`; compare pairs them by that label."""
+    for seed, old, new in ((42, 5.0, 4.5), (43, 5.0, 4.7)):
+        _run(tmp_path, "default", "old", seed, old, mode="best@p0")
+        _run(tmp_path, "default", "new", seed, new, mode="best@p0")
+        _run(tmp_path, "default", "new", seed, 9.0)  # another mode: not paired
+    r = _compare(tmp_path, "--mode", "best@p0", "--seeds", "42-43")
+    assert r.returncode == 0, r.stderr
+    assert "-0.4" in r.stdout and "9.0" not in r.stdout, r.stdout
+
+
+def test_scaled_copies_the_cluster_with_names_apart() -> None:
+    nodes = [NodeRow("a", 1000, 1024, 8, "G2"), NodeRow("b", 1000, 1024, 2, "T4")]
+    four = scaled(nodes, 4)
+    assert len(four) == 8 and len({n.name for n in four}) == 8
+    assert sorted((n.gpus, n.model) for n in four) == sorted([(8, "G2"), (2, "T4")] * 4)
+    assert scaled(nodes, 1) is nodes
+    assert trace_label("default", 1) == "default" and trace_label("default", 4) == "default-x4"
