@@ -44,9 +44,11 @@ def _read_csv(path: str) -> list[dict[str, str]]:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _job(args: tuple[list[trace.NodeRow], list[trace.PodRow], str, engine.Mode, int, int | None]) -> engine.RunResult:
-    nodes, pods, policy, mode, seed, limit = args
-    return engine.replay(nodes, pods, policy, seed, mode=mode, pods_limit=limit)
+def _job(
+    args: tuple[list[trace.NodeRow], list[trace.PodRow], str, engine.Mode, int, int | None, int | None],
+) -> engine.RunResult:
+    nodes, pods, policy, mode, seed, limit, percentage = args
+    return engine.replay(nodes, pods, policy, seed, mode=mode, pods_limit=limit, percentage=percentage)
 
 
 def summarize(runs: Sequence[engine.RunResult], wall: float) -> dict[str, Any]:
@@ -64,6 +66,8 @@ def summarize(runs: Sequence[engine.RunResult], wall: float) -> dict[str, Any]:
         "pods": [r.pods for r in runs],
         "failed": [r.failed for r in runs],
         "capacity_gpus": first.capacity_milli / trace.MILLI,
+        "percentage_of_nodes_to_score": first.percentage,
+        "names_per_pod": round(sum(r.names_per_pod for r in runs) / len(runs), 1),
         "unallocated_pct": metric.summarize(curves),
     }
 
@@ -108,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     if args.pods_limit is not None and args.pods_limit < 1:
         raise CliError("--pods-limit must be >= 1")
+    percentage = args.percentage_of_nodes_to_score
+    if percentage is not None and not 0 <= percentage <= 100:
+        raise CliError(
+            f"--percentage-of-nodes-to-score {percentage}: allowed 0 (kube-scheduler's adaptive default) to 100"
+        )
     try:
         nodes = trace.parse_nodes(_read_csv(args.nodes))
         pods = trace.parse_pods(_read_csv(args.pods))
@@ -116,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(n.gpus for n in nodes) or not pods:
         raise CliError("the node list has no GPU node or the pod list is empty")
     combos = [(p, m) for p in policies for m in modes]
-    jobs = [(nodes, pods, p, m, s, args.pods_limit) for p, m in combos for s in seeds]
+    jobs = [(nodes, pods, p, m, s, args.pods_limit, percentage) for p, m in combos for s in seeds]
     workers = max(1, min(MAX_WORKERS, args.workers, len(jobs)))
     started = time.perf_counter()
     if workers == 1:
@@ -166,6 +175,13 @@ def add_parser(subparsers: Subparsers) -> None:
     )
     p.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 (default), 42 or 42,45")
     p.add_argument("--pods-limit", type=int, metavar="N", help="stop after N arrivals (quick runs)")
+    p.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=int,
+        metavar="P",
+        help="ask the planner only about the nodes kube-scheduler would send /filter with this "
+        "percentageOfNodesToScore (0: its adaptive default); default: every node, as the paper",
+    )
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="worker processes, at most 2 (default: 2)")
     p.add_argument("--out", metavar="FILE.json", help="write the summary: one object, or a list for several")
     p.add_argument("--plot", metavar="FILE.png", help="plot unallocated GPU %% vs arrived %% with the ideal line")
