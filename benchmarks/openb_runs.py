@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> None:
     seeds = parse_seeds(args.seeds)
     percentages: list[int | None] = [None] if not args.percentage else [None if x < 0 else x for x in args.percentage]
     for x in percentages:
-        if x is not None and x > 100:
-            raise SystemExit(f"--percentage {x}: allowed -1 (every node), 0 (kube-scheduler's adaptive default) to 100")
+        if x is not None and (problem := engine.percentage_problem(x)):
+            raise SystemExit(f"--percentage {x}: -1 (every node), or {problem}")
     if args.scale < 1:
         raise SystemExit(f"--scale {args.scale}: allowed 1 (the openb cluster) or more copies of it")
     jobs = [

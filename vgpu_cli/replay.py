@@ -113,10 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pods_limit is not None and args.pods_limit < 1:
         raise CliError("--pods-limit must be >= 1")
     percentage = args.percentage_of_nodes_to_score
-    if percentage is not None and not 0 <= percentage <= 100:
-        raise CliError(
-            f"--percentage-of-nodes-to-score {percentage}: allowed 0 (kube-scheduler's adaptive default) to 100"
-        )
+    if percentage is not None and (problem := engine.percentage_problem(percentage)):
+        raise CliError(f"--percentage-of-nodes-to-score {percentage}: {problem}")
     try:
         nodes = trace.parse_nodes(_read_csv(args.nodes))
         pods = trace.parse_pods(_read_csv(args.pods))

@@ -56,11 +56,16 @@ MIN_NODES_TO_FIND = 100
 MIN_PERCENTAGE_TO_FIND = 5
 
 
+def percentage_problem(percentage: int) -> str | None:
+    """What is wrong with a percentageOfNodesToScore, for the caller to name its own setting; None: nothing."""
+    return None if 0 <= percentage <= 100 else "allowed 0 (adaptive) to 100"
+
+
 def nodes_to_find(percentage: int, nodes: int) -> int:
     """kube-scheduler's `numFeasibleNodesToFind` (kubernetes v1.34.4 pkg/scheduler/schedule_one.go): with 0, its
     adaptive percentage, 50 less one point per 125 nodes and at least 5; never fewer than 100 nodes, nor than all."""
-    if not 0 <= percentage <= 100:
-        raise ValueError(f"percentageOfNodesToScore {percentage}: allowed 0 (adaptive) to 100")
+    if problem := percentage_problem(percentage):
+        raise ValueError(f"percentageOfNodesToScore {percentage}: {problem}")
     if nodes < MIN_NODES_TO_FIND:
         return nodes
     if percentage == 0:
