@@ -67,9 +67,16 @@ def create_pod_event(
     api.create_namespaced_event(namespace=namespace, body=cast(Any, body), _request_timeout=timeout_s)
 
 
-def evict_pod(*, api: k8s.CoreV1Api, namespace: str, name: str, timeout_s: float = 5.0) -> bool:
-    """POST pods/eviction (policy/v1); False when a PodDisruptionBudget refuses it (HTTP 429)."""
-    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+def evict_pod(*, api: k8s.CoreV1Api, namespace: str, name: str, uid: str, timeout_s: float = 5.0) -> bool:
+    """POST pods/eviction (policy/v1) of the pod with this UID (deleteOptions.preconditions: no other pod of the name,
+    and the webhook's eviction guard refuses an eviction without it); False when a PodDisruptionBudget refuses it
+    (HTTP 429)."""
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
     try:
         api.create_namespaced_pod_eviction(
             name=name, namespace=namespace, body=cast(Any, body), _request_timeout=timeout_s
@@ -113,5 +120,5 @@ class KubePodSource:
             timeout_s=self.timeout_s,
         )
 
-    def evict_pod(self, *, namespace: str, name: str) -> bool:
-        return evict_pod(api=self.api, namespace=namespace, name=name, timeout_s=self.timeout_s)
+    def evict_pod(self, *, namespace: str, name: str, uid: str) -> bool:
+        return evict_pod(api=self.api, namespace=namespace, name=name, uid=uid, timeout_s=self.timeout_s)

@@ -1,4 +1,5 @@
-"""The webhook's only contact with the Kubernetes client library: the Node watch and the cert Job's Secret read.
+"""The webhook's only contact with the Kubernetes client library: the Node watch, the cert Job's Secret read, and
+the pod lists of the quota count and the eviction guard.
 
 Everything else takes the API objects as arguments, so the admission logic and its tests never load the
 client (the import-linter contracts in pyproject.toml keep it that way).
@@ -33,3 +34,14 @@ def list_namespace_pods(core: Any, namespace: str) -> list[dict[str, Any]]:
     resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=(3.05, 5))
     items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
     return items
+
+
+def find_pod(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod `namespace/name` as plain JSON, or None when there is none: one list of the namespace by field selector
+    (`metadata.name`), the right the quota count already has, so the eviction guard needs no `get`. `name` must be a
+    checked pod name (webhook.eviction.is_pod_name): it goes into the selector."""
+    resp = core.list_namespaced_pod(
+        namespace, field_selector=f"metadata.name={name}", _preload_content=False, _request_timeout=(3.05, 5)
+    )
+    items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+    return next((p for p in items if (p.get("metadata") or {}).get("name") == name), None)

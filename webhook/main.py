@@ -17,8 +17,9 @@ from vgpu.prerequisites import missing_path, no_kube_api
 from webhook import certs, config_load
 from webhook.admission import Settings
 from webhook.config import ConfigError, WebhookConfig
+from webhook.eviction import PodLookup
 from webhook.inventory import InventorySource, NodeAnnotationInventory, NoInventory, StaticInventory
-from webhook.kube import list_namespace_pods
+from webhook.kube import find_pod, list_namespace_pods
 from webhook.metrics import StateCollector, WebhookMetrics
 from webhook.quota import QUOTA_FILE, QuotaGuard
 from webhook.runner import TlsServer
@@ -86,8 +87,26 @@ def make_quota(cfg: WebhookConfig) -> QuotaGuard | None:
     )
 
 
+def make_pod_lookup(cfg: WebhookConfig) -> PodLookup | None:
+    """The eviction guard's pod reads; None (every eviction sent to it refused, saying why) where no kubeconfig or
+    in-cluster credentials load: the webhook itself may still run, on a static inventory."""
+    from kubernetes import client
+
+    try:
+        api_client = _api_client(cfg.kubeconfig, env=config_load.ENV_PREFIX + "KUBECONFIG")
+    except MissingPrerequisite as exc:
+        log.warning("no apiserver access: evictions sent to /validate-eviction will be refused: %s", exc)
+        return None
+    core = client.CoreV1Api(api_client)
+    return lambda namespace, name: find_pod(core, namespace, name)
+
+
 def build_server(
-    cfg: WebhookConfig, inventory: InventorySource, registry: CollectorRegistry, quota: QuotaGuard | None = None
+    cfg: WebhookConfig,
+    inventory: InventorySource,
+    registry: CollectorRegistry,
+    quota: QuotaGuard | None = None,
+    pods: PodLookup | None = None,
 ) -> TlsServer:
     metrics = WebhookMetrics(registry)
     tls = ReloadingTls(
@@ -96,7 +115,7 @@ def build_server(
         on_reload=lambda ok: metrics.cert_reloads.labels("ok" if ok else "failed").inc(),
     )
     StateCollector(cert_not_after=lambda: tls.not_after, inventory=inventory.summary, registry=registry)
-    reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics, quota)
+    reviewer = Reviewer(Settings.from_config(cfg), inventory, metrics, quota, pods)
     tls.start(cfg.cert_reload_interval)
     return TlsServer(
         create_app(reviewer, max_body=cfg.max_body_bytes, max_values=cfg.max_json_values),
@@ -134,7 +153,7 @@ def serve(cfg: WebhookConfig) -> int:
     except MissingPrerequisite as exc:
         print(exc, file=sys.stderr)
         return 2
-    server = build_server(cfg, inventory, CollectorRegistry(), quota)
+    server = build_server(cfg, inventory, CollectorRegistry(), quota, make_pod_lookup(cfg))
     log.info("serving AdmissionReviews on https://%s:%d (scheduler %s)", cfg.host, server.port, cfg.scheduler_name)
     try:
         server.run()

@@ -1,4 +1,4 @@
-"""HTTP layer: `/mutate`, `/validate`, `/healthz`, `/readyz`, `/metrics` on Starlette.
+"""HTTP layer: `/mutate`, `/validate`, `/validate-eviction`, `/healthz`, `/readyz`, `/metrics` on Starlette.
 
 Handlers only translate: bytes -> AdmissionReview -> `admission.decide` -> response bytes. Anything
 that is an AdmissionReview gets HTTP 200 with a valid response — an unexpected exception becomes a
@@ -28,6 +28,7 @@ from starlette.routing import Route
 from vgpu.requests import parse_pod_request
 from vgpu_http.body import TooLarge, json_values, read_capped
 from webhook.admission import Outcome, Settings, decide, deny, review_dict
+from webhook.eviction import PodLookup, decide_eviction
 from webhook.inventory import InventorySource
 from webhook.metrics import WebhookMetrics
 from webhook.quota import QuotaGuard
@@ -51,14 +52,23 @@ class Reviewer:
         inventory: InventorySource,
         metrics: WebhookMetrics,
         quota: QuotaGuard | None = None,
+        pods: PodLookup | None = None,
     ) -> None:
         self.settings = settings
         self.inventory = inventory
         self.metrics = metrics
         self.quota = quota  # per-namespace vGPU memory/cores (webhook.quota); None: no quotas
+        self.pods = pods  # reads a pod for the eviction guard (webhook.kube.find_pod); None: no apiserver access
 
     def handle(self, body: bytes, *, mutating: bool) -> tuple[int, bytes]:
-        endpoint = "mutate" if mutating else "validate"
+        return self._handle(body, "mutate" if mutating else "validate")
+
+    def handle_eviction(self, body: bytes) -> tuple[int, bytes]:
+        """An eviction of a pod (webhook.eviction): only those of the node's own pods pass."""
+        return self._handle(body, "validate-eviction")
+
+    def _handle(self, body: bytes, endpoint: str) -> tuple[int, bytes]:
+        mutating = endpoint == "mutate"
         start = time.perf_counter()
         try:
             review = AdmissionReview.model_validate_json(body)
@@ -70,22 +80,28 @@ class Reviewer:
             self.metrics.bad_requests.inc()
             return 400, b"AdmissionReview has no request"
         try:
-            outcome = decide(
-                request,
-                self.settings,
-                self.inventory.summary(),
-                mutating=mutating,
-                inventory_expected=self.inventory.expected,
-            )
-            if outcome.allowed and outcome.kind != "skipped" and self.quota is not None:
-                outcome = self._quota(request, outcome)
+            if endpoint == "validate-eviction":
+                outcome = decide_eviction(request, self.pods)
+            else:
+                outcome = decide(
+                    request,
+                    self.settings,
+                    self.inventory.summary(),
+                    mutating=mutating,
+                    inventory_expected=self.inventory.expected,
+                )
+                if outcome.allowed and outcome.kind != "skipped" and self.quota is not None:
+                    outcome = self._quota(request, outcome)
         except Exception as exc:  # a bug must still answer the apiserver with a readable denial
             log.exception("internal error reviewing %s", _who(request.object, request.namespace))
             outcome = deny(f"vgpu-webhook internal error: {type(exc).__name__}: {exc}", code=500, kind="error")
         out = orjson.dumps(review_dict(request.uid, outcome))
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         self.metrics.reviews.labels(endpoint, outcome.kind).inc()
-        _log(endpoint, request.object, request.namespace, outcome)
+        if endpoint == "validate-eviction":
+            _log_eviction(request.userInfo.username, request.namespace, request.name, outcome)
+        else:
+            _log(endpoint, request.object, request.namespace, outcome)
         return 200, out
 
     def _quota(self, request: Any, outcome: Outcome) -> Outcome:
@@ -135,8 +151,20 @@ def _log(endpoint: str, pod: Any, namespace: str, outcome: Outcome) -> None:
     )
 
 
+def _log_eviction(user: str, namespace: str, name: str, outcome: Outcome) -> None:
+    """Every eviction the guard judged, at INFO: they are rare, and a refusal is what an admin looks for."""
+    log.info(
+        "validate-eviction %s/%s by %s: %s",
+        namespace,
+        name,
+        user,
+        "allowed" if outcome.allowed else "refused",
+        extra={"pod": f"{namespace}/{name}", "user": user, "outcome": outcome.kind, "denial": outcome.message or None},
+    )
+
+
 def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int = MAX_JSON_VALUES) -> Starlette:
-    async def review(request: Request, *, mutating: bool) -> Response:
+    async def review(request: Request, *, mutating: bool, eviction: bool = False) -> Response:
         try:
             body = await read_capped(request, max_body, what="AdmissionReview", setting="max_body_bytes")
             if (values := json_values(body)) > max_values:
@@ -149,7 +177,10 @@ def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int 
             return PlainTextResponse(str(exc), status_code=413)
         except ClientDisconnect:  # gone, or cut by the read deadline (vgpu_http.guard)
             return Response(status_code=400)
-        status, out = await run_in_threadpool(reviewer.handle, body, mutating=mutating)
+        if eviction:  # the pod is read from the apiserver: off the event loop, as every review runs
+            status, out = await run_in_threadpool(reviewer.handle_eviction, body)
+        else:
+            status, out = await run_in_threadpool(reviewer.handle, body, mutating=mutating)
         return Response(out, status, media_type="application/json" if status == 200 else "text/plain")
 
     async def mutate(request: Request) -> Response:
@@ -157,6 +188,9 @@ def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int 
 
     async def validate(request: Request) -> Response:
         return await review(request, mutating=False)
+
+    async def validate_eviction(request: Request) -> Response:
+        return await review(request, mutating=False, eviction=True)
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
@@ -173,6 +207,7 @@ def create_app(reviewer: Reviewer, *, max_body: int = MAX_BODY, max_values: int 
         routes=[
             Route("/mutate", mutate, methods=["POST"]),
             Route("/validate", validate, methods=["POST"]),
+            Route("/validate-eviction", validate_eviction, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

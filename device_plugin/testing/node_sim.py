@@ -55,6 +55,7 @@ class RecordingKube:
     events: list[dict[str, str]] = field(default_factory=list)
     annotations: list[tuple[str, dict[str, str | None]]] = field(default_factory=list)
     evictions: list[str] = field(default_factory=list)
+    eviction_uids: list[str] = field(default_factory=list)  # the UID each eviction named (its precondition)
     pdb_blocks: bool = False
 
     def create_pod_event(
@@ -65,8 +66,9 @@ class RecordingKube:
     def patch_pod_annotations(self, *, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         self.annotations.append((f"{namespace}/{name}", dict(annotations)))
 
-    def evict_pod(self, *, namespace: str, name: str) -> bool:
+    def evict_pod(self, *, namespace: str, name: str, uid: str) -> bool:
         self.evictions.append(f"{namespace}/{name}")
+        self.eviction_uids.append(uid)
         return not self.pdb_blocks
 
 

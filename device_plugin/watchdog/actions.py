@@ -28,8 +28,8 @@ class KubeActions(Protocol):
         self, *, namespace: str, pod: str, uid: str, reason: str, message: str, event_type: str = "Warning"
     ) -> None: ...
     def patch_pod_annotations(self, *, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
-    def evict_pod(self, *, namespace: str, name: str) -> bool:
-        """True if evicted, False if a PodDisruptionBudget refused it (HTTP 429)."""
+    def evict_pod(self, *, namespace: str, name: str, uid: str) -> bool:
+        """True if evicted, False if a PodDisruptionBudget refused it (HTTP 429). Only the pod with this UID."""
         ...
 
 
@@ -75,7 +75,7 @@ class Enforcer:
                 )
             if action.step is Step.EVICT:
                 self._evicted.add(s.pod_uid)
-                if not self.kube.evict_pod(namespace=sid.namespace, name=sid.pod):
+                if not self.kube.evict_pod(namespace=sid.namespace, name=sid.pod, uid=s.pod_uid):
                     log.warning("eviction of %s/%s refused by a PodDisruptionBudget", sid.namespace, sid.pod)
                     return "blocked"
         except Exception as exc:

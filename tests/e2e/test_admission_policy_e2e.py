@@ -14,6 +14,7 @@ end and waits until they are gone.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import time
@@ -32,6 +33,7 @@ from vgpu import annotations as ann
 from webhook import certs
 from webhook.config import WebhookConfig
 from webhook.inventory import NodeAnnotationInventory
+from webhook.kube import find_pod
 from webhook.main import build_server
 
 from .controlplane import ControlPlane
@@ -44,6 +46,7 @@ POLICY = ROOT / "deploy" / "manifests" / "admission-policy.yaml"
 RBAC_FILES = ("deploy/manifests/extender.yaml", "deploy/device-plugin/daemonset.yaml")
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 WEBHOOK_CONFIG = ROOT / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
+GUARD_CONFIG = ROOT / "deploy" / "webhook" / "validatingwebhookconfiguration.yaml"
 EXTENDER = "system:serviceaccount:kube-system:vgpu-extender"
 PLUGIN = "system:serviceaccount:kube-system:vgpu-device-plugin"
 OPT_OUT = {"vgpu.io/webhook": "disabled"}
@@ -91,6 +94,7 @@ class Cluster:
     extender: client.CoreV1Api
     plugin_a: client.CoreV1Api
     plugin_b: client.CoreV1Api
+    plugin_unbound: client.CoreV1Api  # a token bound to no pod, so to no node (as a legacy Secret token)
     scheduler: client.CoordinationV1Api
     node_a: str
     node_b: str
@@ -229,7 +233,9 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     inventory.start()
     assert inventory.wait_synced(60)  # its first node list: 60 s, a loaded 2-core machine, as the webhook e2e
     cfg = WebhookConfig(host="127.0.0.1", port=0, cert_file=str(pki.cert), key_file=str(pki.key))
-    server = build_server(cfg, inventory, CollectorRegistry()).start()
+    server = build_server(
+        cfg, inventory, CollectorRegistry(), pods=lambda namespace, name: find_pod(admin, namespace, name)
+    ).start()
     hook_doc = yaml.safe_load(WEBHOOK_CONFIG.read_text())
     hook_doc["metadata"] = {"name": f"vgpu-webhook-adm-{tag}"}
     hook = hook_doc["webhooks"][0]
@@ -241,6 +247,34 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns]}
     )
     admission.create_mutating_webhook_configuration(hook_doc)
+    # The shipped eviction guard (evict.vgpu.io) from the same server, for this module's namespace only; and the
+    # eviction right an admin adds with the ladder's evict step (the shipped ladder has none), here in that namespace.
+    guard_doc = yaml.safe_load(GUARD_CONFIG.read_text())
+    guard_doc["metadata"] = {"name": f"vgpu-eviction-guard-adm-{tag}"}
+    guard_doc["webhooks"] = [w for w in guard_doc["webhooks"] if w["name"] == "evict.vgpu.io"]
+    guard_doc["webhooks"][0]["clientConfig"] = {
+        "url": f"https://127.0.0.1:{server.port}/validate-eviction",
+        "caBundle": base64.b64encode(pki.ca_cert.read_bytes()).decode(),
+    }
+    guard_doc["webhooks"][0]["namespaceSelector"] = {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns]}]
+    }
+    admission.create_validating_webhook_configuration(guard_doc)
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": "plugin-evicts"},
+            "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "plugin-evicts"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "plugin-evicts"},
+            "subjects": [{"kind": "ServiceAccount", "name": "vgpu-device-plugin", "namespace": "kube-system"}],
+        },
+    )
 
     policy = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
     _apply(cp, policy)
@@ -251,6 +285,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         extender=_core(cp, token=_token(admin, "vgpu-extender")),
         plugin_a=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_a)),
         plugin_b=_core(cp, token=_token(admin, "vgpu-device-plugin", pod_b)),
+        plugin_unbound=_core(cp, token=_token(admin, "vgpu-device-plugin")),
         scheduler=client.CoordinationV1Api(_core(cp, token=_token(admin, "vgpu-scheduler")).api_client),
         node_a=node_a,
         node_b=node_b,
@@ -294,6 +329,9 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         "the tenant's RBAC": lambda: _authorized(
             authz, tenant_user, ["system:authenticated"], verb="patch", resource="pods", namespace=ns
         ),
+        "the device plugin's eviction right": lambda: _authorized(
+            authz, PLUGIN, _sa_groups(), verb="create", resource="pods", subresource="eviction", namespace=ns
+        ),
     }
     for what, check in loaded.items():
         _wait(what, check)
@@ -304,6 +342,17 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
                 "vgpu.io/managed"
             )
             == "true"
+        ),
+    )
+    # The guard: a dry-run eviction without the pod's UID, refused by the webhook once the apiserver sends it there.
+    raw_probe = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "probe", "namespace": ns}}
+    _wait(
+        "the eviction guard",
+        lambda: (
+            "evict.vgpu.io"
+            in _refusal(
+                lambda: c.plugin_a.create_namespaced_pod_eviction("probe", ns, raw_probe, dry_run="All"), not_yet=True
+            )
         ),
     )
     try:
@@ -318,6 +367,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
             proc = cp.kubectl("delete", d["kind"], d["metadata"]["name"], "--ignore-not-found", check=False)
             assert proc.returncode == 0, proc.stderr
         admission.delete_mutating_webhook_configuration(hook_doc["metadata"]["name"])
+        admission.delete_validating_webhook_configuration(guard_doc["metadata"]["name"])
         server.tls.stop()
         server.stop()
         inventory.stop()
@@ -608,7 +658,8 @@ def test_the_device_plugins_own_kube_calls_pass_on_its_node_only(cluster: Cluste
     a.patch_node_annotations(node=c.node_a, annotations={ann.NODE_INVENTORY: inventory(c.node_a, 2)})
     uid = c.admin.read_namespaced_pod("real-plugin", c.ns).metadata.uid
     a.create_pod_event(namespace=c.ns, pod="real-plugin", uid=uid, reason="VgpuTest", message="from the plugin")
-    assert a.evict_pod(namespace=c.ns, name="real-evicted")
+    evicted = c.admin.read_namespaced_pod("real-evicted", c.ns).metadata.uid
+    assert a.evict_pod(namespace=c.ns, name="real-evicted", uid=evicted)
     assert c.admin.read_namespaced_pod("real-plugin", c.ns).metadata.annotations[ann.POD_BIND_PHASE] == "allocated"
     with pytest.raises(client.ApiException) as info:
         b.patch_pod_annotations(namespace=c.ns, name="real-plugin", annotations={"vgpu.io/violation": "{}"})
@@ -616,6 +667,40 @@ def test_the_device_plugins_own_kube_calls_pass_on_its_node_only(cluster: Cluste
     with pytest.raises(client.ApiException) as info:
         b.patch_node_annotations(node=c.node_a, annotations={ann.NODE_INVENTORY: inventory(c.node_a, 8)})
     assert info.value.status == 403
+
+
+def test_the_device_plugin_evicts_its_own_nodes_pods_only(cluster: Cluster) -> None:
+    """The eviction guard (evict.vgpu.io, webhook/eviction.py) in the real apiserver's admission chain: RBAC lets
+    every node's plugin evict, the guard lets it evict only pods on the node bound into its token, of the UID it
+    names; a token bound to no node evicts nothing; an admin's evictions never reach the guard."""
+    from device_plugin.kube import KubePodSource
+
+    c = cluster
+    on_a, on_b = c.bound_pod("evict-on-a", c.node_a), c.bound_pod("evict-on-b", c.node_b)
+    a, b = KubePodSource(c.plugin_a), KubePodSource(c.plugin_b)
+    msg = _denied(lambda: a.evict_pod(namespace=c.ns, name="evict-on-b", uid=on_b.metadata.uid))
+    assert 'admission webhook "evict.vgpu.io" denied the request' in msg
+    assert (
+        f"kube-vgpu: {PLUGIN} may only evict pods on the node bound into its token: its token is bound to node "
+        f"{c.node_a}, and pod {c.ns}/evict-on-b runs on node {c.node_b}"
+    ) in msg
+    raw = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "evict-on-a", "namespace": c.ns}}
+    assert "deleteOptions.preconditions.uid" in _denied(
+        lambda: c.plugin_a.create_namespaced_pod_eviction("evict-on-a", c.ns, raw)
+    )
+    assert f"has UID {on_a.metadata.uid}, not {on_b.metadata.uid}" in _denied(
+        lambda: a.evict_pod(namespace=c.ns, name="evict-on-a", uid=on_b.metadata.uid)
+    )
+    assert "its token carries no node name(s) (authentication.kubernetes.io/node-name)" in _denied(
+        lambda: KubePodSource(c.plugin_unbound).evict_pod(namespace=c.ns, name="evict-on-a", uid=on_a.metadata.uid)
+    )
+    for name in ("evict-on-a", "evict-on-b"):  # refused, so still there and not terminating
+        assert c.admin.read_namespaced_pod(name, c.ns).metadata.deletion_timestamp is None
+    assert b.evict_pod(namespace=c.ns, name="evict-on-b", uid=on_b.metadata.uid)
+    assert a.evict_pod(namespace=c.ns, name="evict-on-a", uid=on_a.metadata.uid)
+    for name in ("evict-on-a", "evict-on-b"):  # evicted: deleted or terminating
+        with contextlib.suppress(client.ApiException):
+            assert c.admin.read_namespaced_pod(name, c.ns).metadata.deletion_timestamp is not None
 
 
 def test_the_node_plugin_writes_its_own_inventory_only(cluster: Cluster) -> None:

@@ -66,6 +66,7 @@ NEEDED: dict[str, list[Right]] = {
         Right("get", "leases", NS, "vgpu-extender", "coordination.k8s.io"),
         Right("update", "leases", NS, "vgpu-extender", "coordination.k8s.io"),
     ],
+    # Pods listed: the quota count, and the eviction guard's read of the pod evicted (by field selector).
     "vgpu-webhook": [Right("list", "nodes"), Right("watch", "nodes"), Right("list", "pods", TENANT_NS)],
     "vgpu-webhook-certs": [
         Right("get", "secrets", NS, "vgpu-webhook-tls"),
@@ -80,7 +81,6 @@ NEEDED: dict[str, list[Right]] = {
         Right("list", "pods"),  # field selector spec.nodeName=<its node>
         Right("patch", "pods", TENANT_NS, "p"),  # bind-phase allocated, violation (its node only: the policy)
         Right("patch", "nodes", None, "gpu-1"),  # its inventory (its node only: the policy)
-        Right("create", "pods/eviction", TENANT_NS, "p"),
         Right("create", "events", TENANT_NS),
     ],
     "vgpu-scheduler": [
@@ -136,6 +136,7 @@ NOT_ALLOWED: dict[str, list[Right]] = {
         Right("patch", "pods/status", TENANT_NS, "p"),
         Right("create", "pods/exec", TENANT_NS, "p"),
         Right("create", "pods/binding", TENANT_NS, "p"),
+        Right("create", "pods/eviction", TENANT_NS, "p"),  # only with the ladder's evict step (docs/security.md)
         Right("get", "nodes", None, "gpu-1"),
         Right("update", "nodes", None, "gpu-1"),
         Right("patch", "nodes/status", None, "gpu-1"),

@@ -272,9 +272,13 @@ def test_cert_manager_mode_renders_certificate_yaml(helm: str) -> None:
 def test_own_secret_mode_sets_the_ca_bundle(helm: str) -> None:
     chart = by_key(template(helm, {"webhook.tls.mode": "secret", "webhook.tls.caBundle": "Q0EgUEVN"}))
     assert ("Job", "vgpu-webhook-certs") not in chart and ("Certificate", "vgpu-webhook") not in chart
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (wh,) = chart[(kind, "vgpu-webhook")]["webhooks"]
-        assert wh["clientConfig"]["caBundle"] == "Q0EgUEVN"
+    hooks = [
+        wh
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for wh in chart[(kind, "vgpu-webhook")]["webhooks"]
+    ]
+    assert [wh["name"] for wh in hooks] == ["mutate.vgpu.io", "validate.vgpu.io", "evict.vgpu.io"]
+    assert all(wh["clientConfig"]["caBundle"] == "Q0EgUEVN" for wh in hooks)
 
 
 def test_monitoring_renders_servicemonitor_yaml_and_the_dashboard(helm: str) -> None:
@@ -365,7 +369,7 @@ def test_resource_names_reach_every_component(helm: str, tmp_path: Path) -> None
     )
     assert wh.resource_memory_percentage == names["memoryPercentage"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (hook,) = chart[(kind, "vgpu-webhook")]["webhooks"]
+        hook = chart[(kind, "vgpu-webhook")]["webhooks"][0]  # the pod checks (the eviction guard names no resource)
         expr = hook["matchConditions"][0]["expression"]
         assert all(f"'{n}'" in expr for n in names.values()) and "nvidia.com" not in expr
     # the device plugin advertises the count resource and checks assignments against the same request names
@@ -896,3 +900,39 @@ def test_the_extender_flowschema_puts_its_lease_requests_in_leader_election_and_
     ]
     off = by_key(template(helm, {"extender.leaderElection.flowSchema": False}))
     assert key not in off and set(off) == set(default) - {key}
+
+
+def _plugin_rules(chart: dict[Any, Any]) -> set[str]:
+    return {r for rule in chart[("ClusterRole", "vgpu-device-plugin")]["rules"] for r in rule["resources"]}
+
+
+def test_the_device_plugin_may_evict_only_with_the_evict_step_and_behind_the_eviction_guard(helm: str) -> None:
+    default = by_key(template(helm, {}))
+    assert "pods/eviction" not in _plugin_rules(default)  # the default ladder stops at annotate
+    steps = {"devicePlugin.config.enforcement_steps": "event,annotate,evict"}
+    evicting = by_key(template(helm, steps))
+    assert "pods/eviction" in _plugin_rules(evicting)
+    guard = {wh["name"]: wh for wh in evicting[("ValidatingWebhookConfiguration", "vgpu-webhook")]["webhooks"]}[
+        "evict.vgpu.io"
+    ]
+    assert guard["clientConfig"]["service"]["path"] == "/validate-eviction" and guard["failurePolicy"] == "Fail"
+    assert guard["rules"][0]["resources"] == ["pods/eviction"] and "namespaceSelector" not in guard
+    (cond,) = guard["matchConditions"]
+    assert "system:serviceaccount:kube-system:vgpu-device-plugin" in cond["expression"]
+    # Its ServiceAccount's namespace and name follow admissionPolicy's, as the policy's own variables do.
+    moved = by_key(
+        template(
+            helm,
+            {
+                **steps,
+                "admissionPolicy.serviceAccountNamespace": "gpu-system",
+                "admissionPolicy.devicePluginServiceAccount": "plugin",
+                "webhook.validatingWebhook": False,
+            },
+        )
+    )
+    (only,) = moved[("ValidatingWebhookConfiguration", "vgpu-webhook")]["webhooks"]
+    assert only["name"] == "evict.vgpu.io"
+    assert "'system:serviceaccount:gpu-system:plugin'" in only["matchConditions"][0]["expression"]
+    err = template_error(helm, {**steps, "webhook.enabled": False})
+    assert "enforcement_steps has evict, which needs webhook.enabled" in err, err

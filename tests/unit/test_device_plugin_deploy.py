@@ -37,10 +37,16 @@ def test_daemonset_has_host_pids_ports_and_cgroup_mount() -> None:
     assert "/host/sys/fs/cgroup" in mounts
 
 
-def test_rbac_allows_events_and_evictions() -> None:
+def test_rbac_allows_events_and_no_evictions_with_the_shipped_ladder() -> None:
+    """The manifest's ladder stops at annotate, so the plugin gets no pods/eviction (its evict step needs the rule
+    and the webhook's eviction guard: docs/security.md, "Evictions")."""
     rules = _kind("ClusterRole")["rules"]
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
-    assert {("events", "create"), ("pods/eviction", "create"), ("pods", "patch"), ("nodes", "patch")} <= granted
+    assert {("events", "create"), ("pods", "patch"), ("nodes", "patch")} <= granted
+    assert not any(r == "pods/eviction" for r, _ in granted)
+    assert (
+        "evict" not in _kind("ConfigMap")["data"]["device-plugin.yaml"].split("enforcement_steps:")[1].splitlines()[0]
+    )
 
 
 def test_mps_needs_only_the_config_flag(tmp_path: Path) -> None:

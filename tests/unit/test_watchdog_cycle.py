@@ -126,6 +126,10 @@ def test_memory_and_sm_violations_escalate_in_order_and_a_burst_does_not(tmp_pat
     assert steps_of(kube, "sm-hog")[:3] == ["event", "annotate", "evict"]
     assert steps_of(kube, "bursty") == [] and steps_of(kube, "good") == []
     assert kube.evictions[0] == "serving/mem-hog" and "serving/sm-hog" in kube.evictions
+    # Each eviction names its pod's own UID (the precondition the webhook's eviction guard requires).
+    uids = {s.slice.id.pod: s.slice.pod_uid for s in wd.snapshot().slices}
+    assert kube.eviction_uids[0] == uids["mem-hog"] and len(set(uids.values())) == len(uids)
+    assert [uids[e.split("/")[1]] for e in kube.evictions] == kube.eviction_uids
     (target, annotations) = kube.annotations[0]
     body = ann.decode_violation(annotations[ann.POD_VIOLATION] or "")
     assert target == "serving/mem-hog" and body.kinds == ("memory",) and body.container == "vllm"
