@@ -6,16 +6,20 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import yaml
-from starlette.testclient import TestClient
 
 from kube_vgpu_dev.processes import free_port
 from scheduler_extender.app import create_health_app
 from scheduler_extender.main import build_parser, build_service
 from scheduler_extender.service import ExtenderService
 from scheduler_extender.settings import SCHEMA, read_text
+
+with warnings.catch_warnings():  # starlette 1.x nudges towards httpx2; httpx is what we ship (as the other tests)
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
 
 CLUSTER = {
     "version": "v1",

@@ -81,7 +81,9 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
         max_gpu_memory_mib=81920,
         max_gpus_per_node=8,
     )
-    srv = build_server(cfg, StaticInventory(max_gpu_memory_mib=81920, max_gpus_per_node=8), CollectorRegistry())
+    srv = build_server(
+        cfg, StaticInventory(max_gpu_memory_mib=81920, max_gpus_per_node=8), CollectorRegistry(), pods=_one_pod
+    )
     srv.start(timeout=60)  # the in-process server on a loaded 2-core machine: 10 s by default
     with httpx.Client(
         base_url=f"https://127.0.0.1:{srv.port}",
@@ -91,6 +93,16 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
         yield c
     srv.tls.stop()
     srv.stop()
+
+
+EVICTED_UID = "uid-of-vllm-0"
+
+
+def _one_pod(namespace: str, name: str) -> dict[str, Any] | None:
+    """The eviction guard's pod reads: one pod, `team-a/vllm-0` on node gpu-a."""
+    if (namespace, name) != ("team-a", "vllm-0"):
+        return None
+    return {"metadata": {"name": name, "namespace": namespace, "uid": EVICTED_UID}, "spec": {"nodeName": "gpu-a"}}
 
 
 def _send(client: httpx.Client, entry: str, body: bytes, method: str = "POST") -> httpx.Response:
@@ -200,3 +212,66 @@ def test_webhook_fuzz(webhook: httpx.Client, endpoint: str) -> None:
 
     run()
     assert COUNTS[endpoint] >= MIN_EXAMPLES and denials.get(400, 0) > 0
+
+
+@st.composite
+def eviction_reviews(draw: st.DrawFn) -> bytes:
+    """Reviews of a device plugin's eviction as the apiserver sends them, one field replaced by any JSON value (or
+    junk): the guard answers each with a verdict, never an internal error."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(junk_bytes)
+    review = make_review({}, uid="e")
+    review["request"] |= {
+        "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "subResource": "eviction",
+        "name": "vllm-0",
+        "namespace": "team-a",
+        "userInfo": {
+            "username": "system:serviceaccount:kube-system:vgpu-device-plugin",
+            "extra": {"authentication.kubernetes.io/node-name": [draw(st.sampled_from(["gpu-a", "gpu-b"]))]},
+        },
+        "object": {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": "vllm-0"},
+            "deleteOptions": {"preconditions": {"uid": EVICTED_UID}},
+        },
+    }
+    where = draw(
+        st.sampled_from(
+            [
+                (),
+                ("request", "name"),
+                ("request", "namespace"),
+                ("request", "subResource"),
+                ("request", "userInfo", "extra"),
+                ("request", "userInfo", "extra", "authentication.kubernetes.io/node-name"),
+                ("request", "object"),
+                ("request", "object", "deleteOptions"),
+                ("request", "object", "deleteOptions", "preconditions", "uid"),
+            ]
+        )
+    )
+    if where:
+        review = put(review, where, draw(json_values))
+    return _dumps(review)
+
+
+def test_eviction_guard_fuzz(webhook: httpx.Client) -> None:
+    verdicts: dict[str, int] = {}
+
+    @FUZZ
+    @given(eviction_reviews())
+    def run(body: bytes) -> None:
+        r = _send(webhook, "/validate-eviction", body)
+        if r.status_code == 200:
+            response = r.json()["response"]
+            status = (response.get("status") or {}).get("code", 200)
+            assert status != 500, f"{body[:300]!r} -> internal error {r.text[:500]}"
+            verdict = "allowed" if response["allowed"] else str(status)
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+
+    run()
+    assert COUNTS["/validate-eviction"] >= MIN_EXAMPLES
+    assert verdicts.get("allowed", 0) > 0 and verdicts.get("403", 0) > 0, verdicts
