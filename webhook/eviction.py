@@ -23,13 +23,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vgpu.assignment_check import DNS1123_LABEL, is_dns1123_label
 from webhook.admission import Outcome, deny
 from webhook.review import AdmissionRequest
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-# A pod name is a DNS subdomain (k8s.io/apimachinery v0.34 pkg/util/validation/validation.go, IsDNS1123Subdomain);
-# checked before it goes into a field selector.
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A pod name is a DNS subdomain, dot-separated DNS labels (k8s.io/apimachinery v0.34 pkg/util/validation/validation.go,
+# IsDNS1123Subdomain), a namespace one label; both checked before they go into the pod read's path and field selector.
+_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL.pattern}(\.{DNS1123_LABEL.pattern})*")
 MAX_NAME = 253
 DOCS = 'docs/security.md, "Evictions"'
 
@@ -74,8 +75,12 @@ def decide_eviction(request: AdmissionRequest, lookup: PodLookup | None) -> Outc
             f"the eviction of {pod_ref} must name the pod's UID in deleteOptions.preconditions.uid, so that it "
             "cannot reach another pod of that name",
         )
-    if not namespace or not is_pod_name(name):
-        return _refuse(user, f"{pod_ref!r} is not a pod name (a DNS subdomain of at most {MAX_NAME} characters)")
+    if not is_dns1123_label(namespace) or not is_pod_name(name):
+        return _refuse(
+            user,
+            f"{pod_ref!r} is not a pod's namespace and name (a DNS label of at most 63 characters, a DNS subdomain of "
+            f"at most {MAX_NAME})",
+        )
     if lookup is None:
         return deny(
             f"kube-vgpu: cannot check the eviction of {pod_ref}: this webhook has no apiserver access to read the "

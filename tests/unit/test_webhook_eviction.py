@@ -115,8 +115,15 @@ def test_a_uid_of_another_pod_is_refused() -> None:
 def test_names_that_are_not_pod_names_never_reach_the_selector(name: str) -> None:
     pods = Pods(_pod("gpu-a"))
     out = _decide(pods, nodes=["gpu-a"], name=name)
-    assert not out.allowed and "is not a pod name" in out.message and pods.asked == []
+    assert not out.allowed and "is not a pod's namespace and name" in out.message and pods.asked == []
     assert not is_pod_name(name) and is_pod_name("vllm-0.decode")
+
+
+@pytest.mark.parametrize("namespace", ["", "team/a", "../kube-system", "a.b", "x" * 64])
+def test_namespaces_that_are_not_namespaces_never_reach_the_read(namespace: str) -> None:
+    pods = Pods(_pod("gpu-a"))
+    out = _decide(pods, nodes=["gpu-a"], namespace=namespace)
+    assert not out.allowed and "is not a pod's namespace and name" in out.message and pods.asked == []
 
 
 def test_a_missing_pod_passes_to_the_apiservers_own_not_found() -> None:
